@@ -1,0 +1,341 @@
+"""The pod configuration: one pydantic model, the contract between operator and pod.
+
+The operator renders an ``InferenceService`` into this model and writes it (camelCase, YAML) into
+the pod's ConfigMap; ``sluiceway-pod serve --config FILE`` reads it back. Field names accept both
+camelCase (the rendered form) and snake_case.
+
+Precedence when the pod starts: command-line flags > config file > ``SLUICEWAY_*`` environment
+variables > defaults. Environment variables nest with ``__``: ``SLUICEWAY_QUEUE__TIMEOUT_SECONDS=2``.
+A few short aliases exist for the common knobs (``SLUICEWAY_MODEL``, ``SLUICEWAY_PORT``, ...), see
+:data:`ENV_ALIASES`.
+
+This module does no I/O except :func:`load_config`, which reads the file and the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+Auto = Literal["auto"]
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+class TensorSpecConfig(_Model):
+    """One declared input or output tensor. ``-1`` in ``shape`` means any size."""
+
+    name: str = Field(min_length=1)
+    datatype: Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"] = "FP32"
+    shape: list[int] = Field(default_factory=lambda: [-1])
+
+class ModelConfig(_Model):
+    """Which model to serve.
+
+    ``spec`` is one of ``demo``, ``synthetic:<ms>``, a TorchScript file path, or ``module:factory``.
+    """
+
+    spec: str = "demo"
+    name: str = Field(default="demo", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    version: str = "1"
+    inputs: list[TensorSpecConfig] | None = None
+    outputs: list[TensorSpecConfig] | None = None
+    warmup_iterations: int = Field(default=3, ge=1, le=1000)
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_ok(cls, v: str) -> str:
+        if not v:
+            raise ValueError("model spec must not be empty")
+        if v.startswith("synthetic:"):
+            try:
+                ms = float(v.split(":", 1)[1])
+            except ValueError:
+                raise ValueError(f"synthetic spec needs milliseconds, got {v!r}") from None
+            if not 0 <= ms <= 600_000:
+                raise ValueError("synthetic milliseconds must be within 0..600000")
+        return v
+
+class ServerConfig(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=1, le=65535)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    drain_seconds: float = Field(default=30.0, gt=0, le=3600)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+class ConcurrencyConfig(_Model):
+    """GPU permits: how many requests (or batches) may run on the device at once.
+
+    ``auto`` measures peak memory per request during warm-up and uses
+    ``floor((free - memoryReserveBytes) / peak * safetyFactor)``, at least 1. On CPU, ``auto``
+    falls back to ``cpuDefault``.
+    """
+
+    permits: int | Auto = Field(default="auto")
+    memory_reserve_bytes: int = Field(default=1024**3, ge=0)
+    safety_factor: float = Field(default=0.8, gt=0, le=1)
+    cpu_default: int = Field(default=2, ge=1, le=256)
+    max_permits: int = Field(default=64, ge=1, le=1024)
+
+    @field_validator("permits")
+    @classmethod
+    def _permits_ok(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("permits must be >= 1 or 'auto'")
+        return v
+
+class QueueConfig(_Model):
+    """The bounded queue and the two time budgets.
+
+    ``maxDepth: auto`` derives the bound from ``targetWaitSeconds`` with the N*T/S rule
+    (permits * target wait / service time), measured at warm-up.
+    """
+
+    max_depth: int | Auto = Field(default=64)
+    target_wait_seconds: float = Field(default=2.0, gt=0, le=3600)
+    timeout_seconds: float = Field(default=5.0, gt=0, le=3600, description="queue-wait budget -> 503")
+    exec_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="execution budget -> 504")
+    min_auto_depth: int = Field(default=1, ge=1)
+    max_auto_depth: int = Field(default=10_000, ge=1)
+
+    @field_validator("max_depth")
+    @classmethod
+    def _depth_ok(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 1_000_000:
+            raise ValueError("maxDepth must be within 1..1000000 or 'auto'")
+        return v
+
+class PrioritiesConfig(_Model):
+    """Priority classes, highest first, chosen per request by ``X-Sluiceway-Priority``.
+
+    A waiting request rises one class every ``agingSeconds`` (see docs/scheduling.md for the
+    resulting bound on the lowest class's wait).
+    """
+
+    classes: list[str] = Field(default_factory=lambda: ["critical", "standard", "batch"], min_length=1)
+    default: str = "standard"
+    aging_seconds: float = Field(default=1.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _check(self) -> PrioritiesConfig:
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError("priority class names must be unique")
+        if self.default not in self.classes:
+            raise ValueError(f"default priority {self.default!r} is not one of {self.classes}")
+        return self
+
+class BatchingConfig(_Model):
+    """Dynamic batching. ``maxBatchSize: 1`` turns it off; ``auto`` sizes it from the memory probe."""
+
+    max_batch_size: int | Auto = 1
+    max_batch_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
+    max_auto_batch_size: int = Field(default=32, ge=1, le=4096)
+
+    @field_validator("max_batch_size")
+    @classmethod
+    def _bs_ok(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 4096:
+            raise ValueError("maxBatchSize must be within 1..4096 or 'auto'")
+        return v
+
+class TenantLimits(_Model):
+    """Per-tenant admission limits. ``None`` means unlimited for that knob."""
+
+    rate: float | None = Field(default=None, gt=0, description="token refill per second")
+    burst: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=1)
+    weight: int = Field(default=1, ge=1, le=1000)
+    max_priority: str | None = None
+
+class TenantConfig(TenantLimits):
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+class TenantsConfig(_Model):
+    """Who may call, and with what limits.
+
+    ``keysFile`` holds lines ``<sha256-hex-of-key> <tenant>``: hashes only, never keys.
+    With ``allowAnonymous`` a request without ``Authorization`` is served as ``anonymousTenant``.
+    """
+
+    keys_file: str | None = None
+    allow_anonymous: bool = True
+    anonymous_tenant: str = "anonymous"
+    defaults: TenantLimits = Field(default_factory=TenantLimits)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsConfig:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        if not self.allow_anonymous and self.keys_file is None:
+            raise ValueError("allowAnonymous is false but no keysFile is configured: nobody could call")
+        return self
+
+class CacheConfig(_Model):
+    enabled: bool = True
+    max_entries: int = Field(default=1024, ge=1, le=10_000_000)
+    ttl_seconds: float = Field(default=60.0, gt=0)
+
+class FallbackModelConfig(_Model):
+    spec: str
+    permits: int = Field(default=1, ge=1, le=64)
+
+class DegradationConfig(_Model):
+    """The degradation ladder, used when the predicted queue wait exceeds ``waitThresholdSeconds``
+    (or the queue is full): fallback model, then the response cache, then reject."""
+
+    enabled: bool = False
+    wait_threshold_seconds: float = Field(default=1.0, gt=0)
+    fallback: FallbackModelConfig | None = None
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+
+class PodConfig(_Model):
+    """Everything one inference pod needs. Rendered by the operator, read by ``sluiceway-pod``."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    concurrency: ConcurrencyConfig = Field(default_factory=ConcurrencyConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    priorities: PrioritiesConfig = Field(default_factory=PrioritiesConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
+    degradation: DegradationConfig = Field(default_factory=DegradationConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> PodConfig:
+        for t in self.tenants.tenants:
+            if t.max_priority is not None and t.max_priority not in self.priorities.classes:
+                raise ValueError(f"tenant {t.name}: maxPriority {t.max_priority!r} is not a priority class")
+        mp = self.tenants.defaults.max_priority
+        if mp is not None and mp not in self.priorities.classes:
+            raise ValueError(f"tenants.defaults.maxPriority {mp!r} is not a priority class")
+        return self
+
+    def to_yaml(self) -> str:
+        """The canonical rendered form (camelCase, sorted keys): what the operator writes."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return yaml.safe_dump(data, sort_keys=True)
+
+# --------------------------------------------------------------------------------------------------
+# Loading: defaults < env < file < flags.
+
+ENV_PREFIX = "SLUICEWAY_"
+#: Short environment names for the most common knobs.
+ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "MODEL": ("model", "spec"),
+    "MODEL_NAME": ("model", "name"),
+    "HOST": ("server", "host"),
+    "PORT": ("server", "port"),
+    "CONCURRENCY": ("concurrency", "permits"),
+    "MAX_QUEUE": ("queue", "maxDepth"),
+    "QUEUE_TIMEOUT": ("queue", "timeoutSeconds"),
+    "EXEC_TIMEOUT": ("queue", "execTimeoutSeconds"),
+}
+
+class ConfigError(ValueError):
+    """The configuration is invalid. ``str()`` names the bad field(s)."""
+
+def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[path[-1]] = value
+
+def _parse_scalar(raw: str) -> Any:
+    """Environment values are YAML scalars: ``2`` -> int, ``true`` -> bool, ``auto`` -> str."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+def _camel(path_part: str) -> str:
+    return to_camel(path_part.lower())
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in (ENV_PREFIX + "CONFIG",):
+            continue
+        rest = key[len(ENV_PREFIX):]
+        if rest in ENV_ALIASES:
+            _set_path(tree, ENV_ALIASES[rest], _parse_scalar(raw))
+        elif "__" in rest:
+            _set_path(tree, tuple(_camel(p) for p in rest.split("__")), _parse_scalar(raw))
+    return tree
+
+def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+def _normalise_keys(tree: Any) -> Any:
+    """Accept snake_case in files and flags by converting every key to camelCase."""
+    if isinstance(tree, dict):
+        return {(_camel(k) if "_" in k else k): _normalise_keys(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_normalise_keys(v) for v in tree]
+    return tree
+
+def format_validation_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+def build_config(*layers: Mapping[str, Any]) -> PodConfig:
+    """Merge layers (lowest precedence first) and validate. Raises :class:`ConfigError`."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = deep_merge(merged, _normalise_keys(dict(layer)))
+    try:
+        return PodConfig.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: not valid YAML/JSON: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+def load_config(
+    file: str | os.PathLike[str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PodConfig:
+    """Load with precedence flags > file > env > defaults. ``flags`` is a nested dict."""
+    env = os.environ if environ is None else environ
+    if file is None and env.get(ENV_PREFIX + "CONFIG"):
+        file = env[ENV_PREFIX + "CONFIG"]
+    layers: list[Mapping[str, Any]] = [env_overrides(env)]
+    if file is not None:
+        layers.append(read_config_file(file))
+    if flags:
+        layers.append(flags)
+    return build_config(*layers)

@@ -1,0 +1,239 @@
+"""The asynchronous driver of the admission core.
+
+Concurrency model
+-----------------
+One :class:`Dispatcher` belongs to one asyncio event loop (the server's). Its single background
+task wakes on new arrivals, finished batches and the core's next deadline, expires queued tickets
+and starts batches while permits are free. Each batch runs ``run_batch`` in a worker thread of a
+private :class:`~concurrent.futures.ThreadPoolExecutor` whose size equals the permit limit, so the
+event loop never blocks on the device. All :class:`~sluiceway_pod.admission.AdmissionCore` calls
+happen on the loop thread; worker threads only compute and report back through the loop
+(``call_soon_threadsafe``).
+
+Timeouts: a batch that exceeds ``exec_timeout`` is answered 504 at once, but its permit is released
+only when the worker thread really returns, so the device is never double-booked.
+
+OOM: ``run_batch`` raising :class:`DeviceOOMSignal` makes the worker report the OOM (the core loses
+one permit, not below 1), free cached device memory and retry the same batch once. A second OOM
+answers every ticket in the batch with :class:`~sluiceway_pod.errors.DeviceOutOfMemory` (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from .admission import AdmissionCore, Batch, Ticket
+from .clock import Clock
+from .errors import (
+    DeviceOutOfMemory,
+    Draining,
+    ExecTimeout,
+    ModelError,
+    SluicewayError,
+)
+from .tenancy import Tenant
+
+log = logging.getLogger("sluiceway.dispatcher")
+
+P = TypeVar("P")
+
+
+class DeviceOOMSignal(Exception):
+    """Raised by ``run_batch`` when the device is out of memory (the runtime translates CUDA's)."""
+
+
+class Dispatcher(Generic[P]):
+    def __init__(
+        self,
+        core: AdmissionCore[P],
+        run_batch: Callable[[Sequence[P]], Sequence[Any]],
+        *,
+        exec_timeout: float,
+        clock: Clock,
+        on_oom: Callable[[], None] | None = None,
+        release_device_cache: Callable[[], None] | None = None,
+        max_threads: int | None = None,
+    ) -> None:
+        self.core = core
+        self._run_batch = run_batch
+        self.exec_timeout = exec_timeout
+        self.clock = clock
+        self._on_oom = on_oom or (lambda: None)
+        self._release_cache = release_device_cache or (lambda: None)
+        self._pool = ThreadPoolExecutor(
+            max_workers=max_threads or core.limit, thread_name_prefix="sluiceway-device"
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._main(), name="sluiceway-dispatcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------------ submission
+    def submit(
+        self,
+        tenant: Tenant,
+        rank: int,
+        payload: P,
+        *,
+        priority_label: str,
+        batch_key: Hashable,
+        client_budget: float | None,
+        check_rate: bool = True,
+    ) -> tuple[Ticket[P], asyncio.Future[Any]]:
+        """Admit (or raise the refusal). The future resolves to the result or raises the error."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answer(result: Any, error: SluicewayError | None) -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        ticket = self.core.admit(
+            tenant, rank, payload, answer, priority_label=priority_label, batch_key=batch_key,
+            client_budget=client_budget, check_rate=check_rate,
+        )
+        self._idle.clear()
+        self.wake()
+        return ticket, fut
+
+    def withdraw(self, ticket: Ticket[P], error: SluicewayError) -> bool:
+        """The client went away: drop the ticket if it is still queued."""
+        removed = self.core.cancel(ticket, error)
+        if removed:
+            self.wake()
+        return removed
+
+    # ------------------------------------------------------------------ main loop
+    async def _main(self) -> None:
+        while True:
+            self._wake.clear()
+            self.core.expire()
+            while (batch := self.core.next_batch()) is not None:
+                task = asyncio.create_task(self._execute(batch))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+            if self.core.idle:
+                self._idle.set()
+            nxt = self.core.next_wakeup()
+            timeout = None if nxt is None else max(0.0, nxt - self.clock.now())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _call(self, payloads: Sequence[P]) -> Sequence[Any]:
+        """Runs in a worker thread."""
+        try:
+            return self._run_batch(payloads)
+        except DeviceOOMSignal:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._oom)
+            self._release_cache()
+            try:
+                return self._run_batch(payloads)
+            except DeviceOOMSignal:
+                raise DeviceOutOfMemory(
+                    "the device ran out of memory twice for this batch", retry_after=self.core.retry_after()
+                ) from None
+
+    def _oom(self) -> None:
+        limit = self.core.shrink()
+        log.warning("device out of memory: permits shrunk to %d, retrying the batch once", limit)
+        self._on_oom()
+
+    async def _execute(self, batch: Batch[P]) -> None:
+        loop = asyncio.get_running_loop()
+        started = self.clock.now()
+        work = loop.run_in_executor(self._pool, self._call, [t.payload for t in batch.tickets])
+        try:
+            done, _ = await asyncio.wait({work}, timeout=self.exec_timeout)
+        except asyncio.CancelledError:  # drain budget exhausted: answer, then let the task end
+            err0 = ExecTimeout("the server shut down before inference finished")
+            for t in batch.tickets:
+                t.resolve(error=err0)
+            raise
+        if not done:
+            err = ExecTimeout(f"inference did not finish within {self.exec_timeout:.3f}s")
+            for t in batch.tickets:
+                self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
+                t.resolve(error=err)
+
+            def late(f: asyncio.Future[Sequence[Any]]) -> None:
+                if not f.cancelled():
+                    f.exception()  # retrieve, so it is not logged as unhandled
+                self._finish(batch, None)
+
+            work.add_done_callback(late)
+            return
+        elapsed = self.clock.now() - started
+        try:
+            results = work.result()
+            if len(results) != len(batch.tickets):
+                raise ModelError(
+                    f"the model returned {len(results)} results for a batch of {len(batch.tickets)}"
+                )
+        except SluicewayError as e:
+            for t in batch.tickets:
+                self.core.obs.rejected(e.reason, t.tenant, t.priority_label)
+                t.resolve(error=e)
+        except Exception as e:  # noqa: BLE001 - a model fault must not kill the loop
+            log.exception("model failed on a batch of %d", len(batch.tickets))
+            err = ModelError(f"the model failed: {type(e).__name__}: {e}")
+            for t in batch.tickets:
+                self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
+                t.resolve(error=err)
+        else:
+            for t, r in zip(batch.tickets, results, strict=True):
+                t.resolve(result=r)
+        self._finish(batch, elapsed)
+
+    def _finish(self, batch: Batch[P], elapsed: float | None) -> None:
+        self.core.finish(batch, elapsed)
+        self.wake()
+
+    # ------------------------------------------------------------------ drain
+    async def drain(self, budget: float) -> bool:
+        """Refuse new work, let queued and running work finish within ``budget`` seconds.
+
+        Returns True if everything finished. Otherwise whatever is still queued is answered 503
+        and running tickets 504, so every admitted request still gets exactly one answer.
+        """
+        self.core.draining = True
+        self.wake()
+        try:
+            await asyncio.wait_for(self._wait_idle(), budget)
+            return True
+        except TimeoutError:
+            self.core.reject_all_queued(lambda: Draining("drain budget exhausted before this request ran"))
+            for task in list(self._running):
+                task.cancel()
+            return False
+
+    async def _wait_idle(self) -> None:
+        while not self.core.idle:
+            self._idle.clear()
+            self.wake()
+            await self._idle.wait()

@@ -1,0 +1,105 @@
+"""Every Prometheus metric of the pod, built against an injected registry.
+
+Names are the contract the scaler, the rules file and dashboards depend on. Label values are
+bounded: ``tenant`` is a configured tenant, the anonymous tenant or ``other``; ``priority`` is a
+configured class; ``code`` an HTTP status; ``reason`` an error reason; ``mode`` a degradation mode.
+
+Concurrency: metric objects are thread-safe (prometheus-client); the observer methods are called
+from the event loop, ``inference`` from the loop after a batch completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .admission import Ticket
+from .tenancy import Tenant
+
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+INFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class PodMetrics:
+    """Also the admission core's :class:`~sluiceway_pod.admission.Observer`."""
+
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        self.model = model
+        m = ["model"]
+        mtp = ["model", "tenant", "priority"]
+        self.queue_depth = Gauge("sluiceway_queue_depth", "Requests waiting in the admission queue.", mtp,
+                                 registry=registry)
+        self.enqueued = Counter("sluiceway_enqueued_total", "Requests admitted into the queue.", m,
+                                registry=registry)
+        self.dequeued = Counter("sluiceway_dequeued_total",
+                                "Requests that left the queue (dispatched, expired or withdrawn).", m,
+                                registry=registry)
+        self.requests = Counter("sluiceway_requests_total", "Inference requests answered, by HTTP status.",
+                                [*mtp, "code"], registry=registry)
+        self.rejected = Counter("sluiceway_rejected_total", "Requests refused or failed, by reason.",
+                                [*mtp, "reason"], registry=registry)
+        self.queue_wait = Histogram("sluiceway_queue_wait_seconds", "Time spent waiting in the queue.", mtp,
+                                    buckets=WAIT_BUCKETS, registry=registry)
+        self.inference = Histogram("sluiceway_inference_seconds", "Device time per batch.", m,
+                                   buckets=INFER_BUCKETS, registry=registry)
+        self.limit = Gauge("sluiceway_concurrency_limit", "GPU permits in force.", m, registry=registry)
+        self.in_use = Gauge("sluiceway_concurrency_in_use", "GPU permits held by running batches.", m,
+                            registry=registry)
+        self.gpu_memory = Gauge("sluiceway_gpu_memory_allocated_bytes", "Device memory allocated by torch.", m,
+                                registry=registry)
+        self.oom = Counter("sluiceway_oom_total", "Device out-of-memory errors caught.", m, registry=registry)
+        self.batch_size = Histogram("sluiceway_batch_size", "Requests per executed batch.", m,
+                                    buckets=BATCH_BUCKETS, registry=registry)
+        self.degraded = Counter("sluiceway_degraded_total", "Requests answered in a degraded mode.",
+                                ["model", "mode"], registry=registry)
+        self.ready = Gauge("sluiceway_ready", "1 when the model is warm and the pod accepts work.", m,
+                           registry=registry)
+        for g in (self.limit, self.in_use, self.gpu_memory, self.ready):
+            g.labels(model)
+        for c in (self.enqueued, self.dequeued, self.oom):
+            c.labels(model)
+        self.batch_size.labels(model)
+        self.inference.labels(model)
+
+    def track_gpu_memory(self, fn: Callable[[], float]) -> None:
+        self.gpu_memory.labels(self.model).set_function(fn)
+
+    # ---- Observer protocol ----------------------------------------------------------------
+    def enqueued_hook(self, t: Ticket[Any]) -> None:
+        self.enqueued.labels(self.model).inc()
+        self.queue_depth.labels(self.model, t.tenant.label, t.priority_label).inc()
+
+    def dequeued_hook(self, t: Ticket[Any], waited: float) -> None:
+        self.dequeued.labels(self.model).inc()
+        self.queue_depth.labels(self.model, t.tenant.label, t.priority_label).dec()
+        self.queue_wait.labels(self.model, t.tenant.label, t.priority_label).observe(waited)
+
+    def observer(self) -> _Observer:
+        return _Observer(self)
+
+    def answered(self, tenant_label: str, priority: str, code: int) -> None:
+        self.requests.labels(self.model, tenant_label, priority, str(code)).inc()
+
+
+class _Observer:
+    def __init__(self, m: PodMetrics) -> None:
+        self.m = m
+
+    def enqueued(self, t: Ticket[Any]) -> None:
+        self.m.enqueued_hook(t)
+
+    def dequeued(self, t: Ticket[Any], waited: float) -> None:
+        self.m.dequeued_hook(t, waited)
+
+    def rejected(self, reason: str, tenant: Tenant, priority: str) -> None:
+        self.m.rejected.labels(self.m.model, tenant.label, priority, reason).inc()
+
+    def permits(self, limit: int, in_use: int) -> None:
+        self.m.limit.labels(self.m.model).set(limit)
+        self.m.in_use.labels(self.m.model).set(in_use)
+
+    def batch(self, size: int) -> None:
+        self.m.batch_size.labels(self.m.model).observe(size)

@@ -1,0 +1,199 @@
+"""Model runners: what actually computes. Loaded once, called from worker threads.
+
+A runner takes a *list* of requests (each a dict of named numpy arrays) and returns one dict of
+named numpy arrays per request. Runners whose inputs all have a leading batch dimension (``-1``)
+concatenate the requests along dim 0, run one forward pass and split the outputs back.
+
+Specs:
+    ``demo``                a small MLP built deterministically at start (seeded), 16 -> 4, no download
+    ``synthetic:<ms>``      holds the device for exactly ``ms`` per forward pass; output = input
+    ``/path/model.pt``      a TorchScript file (``torch.jit.load``)
+    ``module:factory``      ``factory()`` returns a ``torch.nn.Module`` or a ready runner object
+
+Concurrency: runners are called from at most ``permits`` worker threads at once; the torch ones run
+under ``torch.inference_mode`` and move outputs to the CPU before returning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .config import ModelConfig, TensorSpecConfig
+from .dispatcher import DeviceOOMSignal
+
+Tensors = dict[str, np.ndarray]
+
+DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+NP_TO_OIP = {np.dtype(v).str: k for k, v in DTYPES.items()}
+
+
+def oip_datatype(arr: np.ndarray) -> str:
+    try:
+        return NP_TO_OIP[arr.dtype.str]
+    except KeyError:
+        raise TypeError(f"unsupported output dtype {arr.dtype}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+class Runner(Protocol):
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str
+
+    def predict(self, requests: Sequence[Tensors]) -> list[Tensors]: ...
+
+
+def _specs(items: list[TensorSpecConfig] | None, default: list[TensorSpec]) -> list[TensorSpec]:
+    if items is None:
+        return default
+    return [TensorSpec(i.name, i.datatype, tuple(i.shape)) for i in items]
+
+
+def batchable(specs: Sequence[TensorSpec]) -> bool:
+    return all(len(s.shape) >= 1 and s.shape[0] == -1 for s in specs)
+
+
+def _concat(requests: Sequence[Tensors], names: Sequence[str]) -> tuple[Tensors, list[int]]:
+    rows = [int(next(iter(r.values())).shape[0]) if r else 0 for r in requests]
+    if len(requests) == 1:
+        return dict(requests[0]), rows
+    return {n: np.concatenate([r[n] for r in requests], axis=0) for n in names}, rows
+
+
+def _split(outputs: Tensors, rows: list[int]) -> list[Tensors]:
+    if len(rows) == 1:
+        return [outputs]
+    bounds = np.cumsum([0, *rows])
+    return [{k: v[bounds[i] : bounds[i + 1]] for k, v in outputs.items()} for i in range(len(rows))]
+
+
+class TorchRunner:
+    """Wraps a ``torch.nn.Module`` (or TorchScript module) taking positional tensors."""
+
+    def __init__(self, module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self.module = module.to(device).eval() if hasattr(module, "to") else module
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def predict(self, requests: Sequence[Tensors]) -> list[Tensors]:
+        torch = self._torch
+        names = [s.name for s in self.inputs]
+        merged, rows = _concat(requests, names)
+        try:
+            with torch.inference_mode():
+                args = [torch.from_numpy(np.ascontiguousarray(merged[n])).to(self.device) for n in names]
+                out = self.module(*args)
+                if isinstance(out, torch.Tensor):
+                    out = (out,)
+                elif isinstance(out, dict):
+                    out = tuple(out[s.name] for s in self.outputs)
+                result = {s.name: o.detach().to("cpu").numpy() for s, o in zip(self.outputs, out, strict=True)}
+        except torch.cuda.OutOfMemoryError as e:
+            raise DeviceOOMSignal(str(e)) from e
+        return _split(result, rows)
+
+
+def build_demo_module() -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(20261130)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.25)
+    return net
+
+
+DEMO_INPUTS = [TensorSpec("INPUT0", "FP32", (-1, 16))]
+DEMO_OUTPUTS = [TensorSpec("OUTPUT0", "FP32", (-1, 4))]
+
+
+class SyntheticRunner:
+    """Occupies its slot for exactly ``ms`` per forward pass (one pass per batch); echoes INPUT0."""
+
+    def __init__(self, ms: float, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str) -> None:
+        self.seconds = ms / 1000.0
+        self.inputs = inputs
+        self.outputs = outputs
+        self.device = device
+
+    def predict(self, requests: Sequence[Tensors]) -> list[Tensors]:
+        end = time.perf_counter() + self.seconds
+        time.sleep(max(0.0, self.seconds - 0.0005))
+        while time.perf_counter() < end:  # the last half millisecond, spun for precision
+            pass
+        src, dst = self.inputs[0].name, self.outputs[0].name
+        return [{dst: np.array(r[src], copy=True)} for r in requests]
+
+
+def pick_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
+    """Build the runner for a model spec (a :class:`ModelConfig` or a bare spec string)."""
+    mc = ModelConfig(spec=cfg) if isinstance(cfg, str) else cfg
+    spec = mc.spec
+    dev = device or pick_device()
+    if spec == "demo":
+        return TorchRunner(build_demo_module(), _specs(mc.inputs, DEMO_INPUTS), _specs(mc.outputs, DEMO_OUTPUTS), dev)
+    if spec.startswith("synthetic:"):
+        generic_in = [TensorSpec("INPUT0", "FP32", (-1, -1))]
+        generic_out = [TensorSpec("OUTPUT0", "FP32", (-1, -1))]
+        return SyntheticRunner(float(spec.split(":", 1)[1]), _specs(mc.inputs, generic_in),
+                               _specs(mc.outputs, generic_out), dev)
+    if spec.endswith((".pt", ".pth", ".ts", ".torchscript")) or "/" in spec:
+        import torch
+
+        module = torch.jit.load(spec, map_location=dev)
+        return TorchRunner(module, _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
+                           _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]), dev)
+    if ":" in spec:
+        mod_name, _, attr = spec.partition(":")
+        factory = getattr(importlib.import_module(mod_name), attr)
+        obj = factory()
+        if hasattr(obj, "predict") and hasattr(obj, "inputs"):
+            return obj  # type: ignore[no-any-return]
+        return TorchRunner(obj, _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
+                           _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]), dev)
+    raise ValueError(f"unknown model spec {spec!r}: use demo, synthetic:<ms>, a TorchScript path or module:factory")
+
+
+def example_request(specs: Sequence[TensorSpec], rows: int = 1) -> Tensors:
+    """A deterministic input matching the specs (``-1`` -> ``rows`` in dim 0, 1 elsewhere)."""
+    out: Tensors = {}
+    for s in specs:
+        shape = tuple((rows if i == 0 else 1) if d == -1 else d for i, d in enumerate(s.shape))
+        out[s.name] = np.ones(shape, dtype=DTYPES[s.datatype])
+    return out

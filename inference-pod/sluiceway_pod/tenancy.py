@@ -1,0 +1,174 @@
+"""Tenants: who is calling (API key -> tenant) and their admission limits (token buckets).
+
+Concurrency model: every object here is owned by the server's event loop and is called only from
+it; nothing blocks and nothing awaits. Time comes from an injected :class:`~sluiceway_pod.clock.Clock`.
+
+Keys never leave this module: the key file holds SHA-256 hashes only, a presented key is hashed and
+compared against every stored hash with :func:`hmac.compare_digest` (no early exit), and only the
+tenant *name* is returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .clock import Clock
+from .config import TenantLimits, TenantsConfig
+from .errors import InvalidInput, Unauthenticated
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+OTHER = "other"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def parse_keys_file(text: str) -> list[tuple[str, str]]:
+    """Lines ``<sha256-hex> <tenant>``; blank lines and ``#`` comments are ignored."""
+    entries = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not _HEX64.match(parts[0].lower()):
+            raise ValueError(f"keys file line {n}: expected '<sha256-hex> <tenant>'")
+        entries.append((parts[0].lower(), parts[1]))
+    return entries
+
+
+class KeyStore:
+    def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
+        self._entries = [(bytes.fromhex(h), t) for h, t in entries]
+
+    @classmethod
+    def from_file(cls, path: str) -> KeyStore:
+        return cls(parse_keys_file(Path(path).read_text(encoding="utf-8")))
+
+    def lookup(self, key: str) -> str | None:
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        found: str | None = None
+        for stored, tenant in self._entries:  # no early exit: constant time in the number of keys
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        return found
+
+
+class TokenBucket:
+    """Classic token bucket: ``rate`` tokens/s, at most ``burst`` stored, starts full."""
+
+    def __init__(self, rate: float, burst: int, clock: Clock) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self._clock = clock
+        self._tokens = float(burst)
+        self._t = clock.now()
+
+    def _refill(self) -> None:
+        now = self._clock.now()
+        self._tokens = min(self.burst, self._tokens + (now - self._t) * self.rate)
+        self._t = now
+
+    def try_take(self) -> float:
+        """Take one token. Returns 0.0 on success, else the seconds until a token is available."""
+        self._refill()
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return 0.0
+        return (1.0 - self._tokens) / self.rate
+
+    @property
+    def tokens(self) -> float:
+        self._refill()
+        return self._tokens
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Resolved limits of one tenant. ``label`` is the bounded metrics label value."""
+
+    name: str
+    label: str
+    rate: float | None
+    burst: int | None
+    max_concurrent: int | None
+    max_queued: int | None
+    weight: int
+    max_priority_rank: int  # 0 = may use the highest class
+
+
+class TenantRegistry:
+    """Authentication plus per-tenant limits and buckets."""
+
+    def __init__(self, config: TenantsConfig, priority_classes: list[str], clock: Clock) -> None:
+        self._config = config
+        self._classes = priority_classes
+        self._clock = clock
+        self._keys = KeyStore.from_file(config.keys_file) if config.keys_file else KeyStore([])
+        self._listed = {t.name: t for t in config.tenants}
+        self._tenants: dict[str, Tenant] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self.known_labels = frozenset([*self._listed, config.anonymous_tenant, OTHER])
+
+    def _limits(self, name: str) -> TenantLimits:
+        listed = self._listed.get(name)
+        if listed is not None:
+            return listed
+        return self._config.defaults
+
+    def tenant(self, name: str) -> Tenant:
+        t = self._tenants.get(name)
+        if t is None:
+            lim = self._limits(name)
+            listed = name in self._listed or name == self._config.anonymous_tenant
+            rank = self._classes.index(lim.max_priority) if lim.max_priority else 0
+            t = Tenant(
+                name=name,
+                label=name if listed else OTHER,
+                rate=lim.rate,
+                burst=lim.burst,
+                max_concurrent=lim.max_concurrent,
+                max_queued=lim.max_queued,
+                weight=lim.weight,
+                max_priority_rank=rank,
+            )
+            self._tenants[name] = t
+            if lim.rate is not None:
+                burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
+                self._buckets[name] = TokenBucket(lim.rate, burst, self._clock)
+        return t
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """``Authorization: Bearer <key>`` -> tenant. Raises :class:`Unauthenticated`."""
+        if not authorization:
+            if self._config.allow_anonymous:
+                return self.tenant(self._config.anonymous_tenant)
+            raise Unauthenticated("missing Authorization: Bearer <api key>")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthenticated("Authorization must be 'Bearer <api key>'")
+        name = self._keys.lookup(key.strip())
+        if name is None:
+            raise Unauthenticated("unknown API key")
+        return self.tenant(name)
+
+    def take_token(self, tenant: Tenant) -> float:
+        """0.0 if admitted by the tenant's bucket, else seconds until the next token."""
+        bucket = self._buckets.get(tenant.name)
+        return 0.0 if bucket is None else bucket.try_take()
+
+    def priority_rank(self, header: str | None, default: str) -> int:
+        name = (header or default).strip().lower()
+        try:
+            return self._classes.index(name)
+        except ValueError:
+            raise InvalidInput(
+                f"unknown priority {name!r}; X-Sluiceway-Priority must be one of {self._classes}"
+            ) from None

@@ -1,0 +1,216 @@
+"""The only module that talks to the Kubernetes API.
+
+Blocking calls through the official ``kubernetes`` client (urllib3 pool, thread-safe). The kopf
+handlers that use it are sync, so kopf runs them in its thread pool: several InferenceServices may
+be reconciled at once in different threads, but kopf never runs two handlers of the *same* object
+concurrently for changes (the drift timer may overlap a change handler; both only issue idempotent
+server-side applies, so the last one wins with identical content).
+
+Writes are server-side applies under the fixed field manager ``sluiceway-operator`` with
+``force=true``: the operator owns exactly the fields it renders and nothing else (so when the
+autoscaler owns ``spec.replicas`` the operator never touches it).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from . import FIELD_MANAGER, GROUP, KIND, VERSION
+
+__all__ = ["ApiError", "Kube", "SecretProblem"]
+
+#: (apiVersion, kind) -> (URL prefix, plural)
+_RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+    ("v1", "Secret"): ("/api/v1", "secrets"),
+    ("v1", "Service"): ("/api/v1", "services"),
+    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+    ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+    ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
+    (f"{GROUP}/{VERSION}", KIND): (f"/apis/{GROUP}/{VERSION}", "inferenceservices"),
+}
+
+KEDA_CRD = "scaledobjects.keda.sh"
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+
+
+class ApiError(RuntimeError):
+    """The API server refused or failed a call (transient or not); ``status`` is the HTTP code."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SecretProblem:
+    """Why a referenced Secret cannot be used: ``reason`` is a condition reason."""
+
+    reason: str
+    message: str
+
+
+def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = _RESOURCES[(api_version, kind)]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{path}/{name}" if name else path
+
+
+class Kube:
+    """A thin facade over one :class:`kubernetes.client.ApiClient`."""
+
+    def __init__(self, api_client: Any | None = None, crd_cache_seconds: float = 30.0) -> None:
+        if api_client is None:
+            try:
+                kubernetes.config.load_incluster_config()
+            except kubernetes.config.ConfigException:
+                kubernetes.config.load_kube_config()
+            api_client = kubernetes.client.ApiClient()
+        self.api = api_client
+        self._crd_cache: dict[str, tuple[float, bool]] = {}
+        self._crd_ttl = crd_cache_seconds
+        self._lock = threading.Lock()
+
+    # -- raw calls ------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        try:
+            return self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                response_type="object",
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _request_timeout=30,
+            )
+        except ApiException as err:
+            raise ApiError(f"{method} {path}: {err.status} {err.reason}: {err.body}", err.status) from None
+        except OSError as err:  # connection problems
+            raise ApiError(f"{method} {path}: {err}") from None
+
+    # -- children -------------------------------------------------------------------------------
+
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply one object under the operator's field manager."""
+        meta = manifest["metadata"]
+        path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        result: dict[str, Any] = self._call(
+            "PATCH",
+            path,
+            body=dict(manifest),
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+        return result
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self._call("GET", _path(api_version, kind, namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj
+
+    def delete_owned(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete a child that is no longer desired, only if this owner controls it."""
+        obj = self.get(api_version, kind, namespace, name)
+        if obj is None:
+            return False
+        refs = obj.get("metadata", {}).get("ownerReferences") or []
+        if not any(r.get("uid") == owner_uid and r.get("controller") for r in refs):
+            return False
+        try:
+            self._call("DELETE", _path(api_version, kind, namespace, name))
+        except ApiError as err:
+            if err.status != 404:
+                raise
+        return True
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | SecretProblem:
+        """The decoded value (trailing whitespace stripped), or why it cannot be used."""
+        obj = self.get("v1", "Secret", namespace, name)
+        if obj is None:
+            return SecretProblem("SecretNotFound", f"Secret {namespace}/{name} does not exist")
+        data = obj.get("data") or {}
+        if key not in data:
+            return SecretProblem("SecretKeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
+        try:
+            value = base64.b64decode(data[key]).decode("utf-8").rstrip()
+        except (ValueError, UnicodeDecodeError):
+            return SecretProblem("SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text")
+        if not value:
+            return SecretProblem("SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is empty")
+        return value
+
+    def crd_exists(self, name: str) -> bool:
+        """Whether a CRD is installed (cached for ``crd_cache_seconds``)."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._crd_cache.get(name)
+            if hit is not None and now - hit[0] < self._crd_ttl:
+                return hit[1]
+        try:
+            self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            found = True
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            found = False
+        with self._lock:
+            self._crd_cache[name] = (now, found)
+        return found
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def post_event(self, owner: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        """A core/v1 Event about the InferenceService (best effort: failures are swallowed)."""
+        meta = owner["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+        except ApiError:
+            pass

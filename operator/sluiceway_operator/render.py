@@ -1,0 +1,577 @@
+"""Pure builders: a validated spec -> the manifests of one InferenceService's children.
+
+No I/O and no clock: every input is an argument, so the output is a function of them (golden-tested
+in ``tests/operator/test_render.py``). Safe to call from any thread.
+
+Children, all named after the InferenceService and owned by it (controller owner reference):
+
+========================  ==================  ===============================================
+kind                      name                what
+========================  ==================  ===============================================
+ConfigMap                 ``<name>-config``   the pod config (``config.yaml``), rendered and
+                                              validated by :class:`sluiceway_pod.config.PodConfig`
+Secret                    ``<name>-keys``     ``keys.txt``: ``<sha256-of-key> <tenant>`` lines
+Deployment                ``<name>``          the inference pods
+Service                   ``<name>``          ports ``http`` (8080) and ``metrics``
+PodDisruptionBudget       ``<name>``          ``maxUnavailable`` from the spec
+ScaledObject (KEDA)       ``<name>``          engines ``keda`` and ``prometheus``, if KEDA exists
+ServiceMonitor            ``<name>``          if the Prometheus-operator CRD exists
+========================  ==================  ===============================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluiceway_pod.config import ConfigError, PodConfig, build_config
+
+from . import GROUP, KIND, VERSION
+from .prom import queue_depth_query, wait_p95_query
+from .spec import InferenceServiceSpec, LimitsSpec, SpecError, parse_duration, parse_quantity, parse_rate
+
+__all__ = [
+    "CONFIG_HASH_ANNOTATION",
+    "HTTP_PORT",
+    "Environment",
+    "Owner",
+    "Rendered",
+    "build_config_map",
+    "build_deployment",
+    "build_keys_secret",
+    "build_pdb",
+    "build_pod_config",
+    "build_scaled_object",
+    "build_service",
+    "build_service_monitor",
+    "config_hash",
+    "endpoint_url",
+    "keys_text",
+    "pod_labels",
+    "render",
+]
+
+HTTP_PORT = 8080
+METRICS_SERVICE_PORT = 9091
+CONFIG_DIR = "/etc/sluiceway"
+CONFIG_FILE = "config.yaml"
+KEYS_DIR = "/var/run/secrets/sluiceway"
+KEYS_FILE = "keys.txt"
+CONFIG_HASH_ANNOTATION = "sluiceway.io/config-hash"
+INSTANCE_LABEL = "sluiceway.io/inferenceservice"
+RUN_AS = 65532
+#: Extra seconds of termination grace beyond the drain budget (endpoint removal, exit).
+GRACE_SLACK_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService being rendered."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the cluster and the operator's settings add to the spec."""
+
+    #: host:port of the sluiceway external scaler (used when the spec sets none).
+    scaler_address: str = "sluiceway-scaler.sluiceway-system.svc:9090"
+    #: Prometheus base URL (used when the spec sets none).
+    prometheus_url: str | None = None
+    #: Whether the KEDA ScaledObject CRD exists.
+    keda: bool = False
+    #: Whether the Prometheus-operator ServiceMonitor CRD exists.
+    service_monitor: bool = False
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Everything one reconcile applies, plus facts the status reports."""
+
+    manifests: list[dict[str, Any]]
+    config_hash: str
+    pod_config: PodConfig
+    #: (apiVersion, kind) pairs that are *not* desired and should be pruned if present.
+    absent: list[tuple[str, str]] = field(default_factory=list)
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "sluiceway-pod",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "sluiceway-operator",
+        INSTANCE_LABEL: name,
+    }
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sluiceway-pod", INSTANCE_LABEL: name}
+
+
+def endpoint_url(owner: Owner) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{HTTP_PORT}"
+
+
+def _metadata(owner: Owner, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": pod_labels(owner.name),
+        "ownerReferences": [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def _limits(limits: LimitsSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"weight": limits.weight}
+    if limits.rate is not None:
+        out["rate"] = parse_rate(limits.rate)
+    for key in ("burst", "max_concurrent", "max_queued", "max_priority"):
+        value = getattr(limits, key)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def build_pod_config(owner: Owner, spec: InferenceServiceSpec) -> PodConfig:
+    """The pod's config, validated by the pod's own model. Raises :class:`SpecError`."""
+    m = spec.model
+    t = spec.timeouts
+    queue_s = parse_duration(t.queue)
+    tenants = []
+    for tn in spec.tenants or []:
+        entry = _limits(tn)
+        entry["name"] = tn.name
+        tenants.append(entry)
+    degradation: dict[str, Any] = {
+        "enabled": spec.degradation.enabled,
+        "wait_threshold_seconds": parse_duration(spec.degradation.wait_threshold),
+        "cache": {
+            "enabled": spec.degradation.cache.enabled,
+            "max_entries": spec.degradation.cache.max_entries,
+            "ttl_seconds": parse_duration(spec.degradation.cache.ttl),
+        },
+    }
+    if m.fallback is not None:
+        degradation["fallback"] = {"spec": m.fallback.source, "permits": m.fallback.permits}
+    raw: dict[str, Any] = {
+        "model": {
+            "spec": m.source,
+            "name": m.name or owner.name,
+            "version": m.version,
+            "warmup_iterations": m.warmup_iterations,
+        },
+        "server": {
+            "host": "0.0.0.0",
+            "port": HTTP_PORT,
+            "drain_seconds": parse_duration(t.drain),
+            "log_level": spec.log_level,
+        },
+        "concurrency": {
+            "permits": spec.concurrency.permits,
+            "memory_reserve_bytes": parse_quantity(spec.concurrency.memory_reserve),
+            "safety_factor": spec.concurrency.safety_factor_percent / 100,
+            "cpu_default": spec.concurrency.cpu_default,
+            "max_permits": spec.concurrency.max_permits,
+        },
+        "queue": {
+            "max_depth": spec.queue.max_depth,
+            "target_wait_seconds": parse_duration(spec.queue.target_wait),
+            "timeout_seconds": queue_s,
+            "exec_timeout_seconds": parse_duration(t.request) - queue_s,
+            "min_auto_depth": spec.queue.min_auto_depth,
+            "max_auto_depth": spec.queue.max_auto_depth,
+        },
+        "priorities": {
+            "classes": list(spec.priorities.classes),
+            "default": spec.priorities.default,
+            "aging_seconds": parse_duration(spec.priorities.aging),
+        },
+        "batching": {
+            "max_batch_size": spec.batching.max_batch_size,
+            "max_batch_wait_ms": parse_duration(spec.batching.max_wait) * 1000,
+            "max_auto_batch_size": spec.batching.max_auto_batch_size,
+        },
+        "tenants": {
+            "allow_anonymous": spec.access.allow_anonymous,
+            "anonymous_tenant": spec.access.anonymous_tenant,
+            "defaults": _limits(spec.access.defaults),
+            "tenants": tenants,
+        },
+        "degradation": degradation,
+    }
+    if spec.keyed_tenants:
+        raw["tenants"]["keys_file"] = f"{KEYS_DIR}/{KEYS_FILE}"
+    try:
+        return build_config(raw)
+    except ConfigError as err:
+        raise SpecError(f"the pod config is invalid: {err}") from None
+
+
+def keys_text(key_hashes: Mapping[str, str]) -> str:
+    """``keys.txt``: one ``<sha256-hex> <tenant>`` line per tenant, sorted by tenant."""
+    return "".join(f"{digest} {tenant}\n" for tenant, digest in sorted(key_hashes.items()))
+
+
+def config_hash(config_yaml: str, keys: str) -> str:
+    """Hash of everything the pods read at start; a change rolls the pods."""
+    h = hashlib.sha256()
+    h.update(config_yaml.encode())
+    h.update(b"\0")
+    h.update(keys.encode())
+    return h.hexdigest()[:16]
+
+
+def build_config_map(owner: Owner, config_yaml: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, f"{owner.name}-config"),
+        "data": {CONFIG_FILE: config_yaml},
+    }
+
+
+def build_keys_secret(owner: Owner, keys: str) -> dict[str, Any]:
+    """Key hashes only (never the keys). Always present so the pod template never changes shape."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(owner, f"{owner.name}-keys"),
+        "type": "Opaque",
+        "stringData": {KEYS_FILE: keys},
+    }
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def build_deployment(
+    owner: Owner, spec: InferenceServiceSpec, digest: str, replicas: int | None
+) -> dict[str, Any]:
+    """The Deployment. ``replicas=None`` leaves ``spec.replicas`` to the autoscaler (not owned)."""
+    r = spec.resources
+    resources: dict[str, Any] = {
+        "requests": {"cpu": str(r.cpu), "memory": str(r.memory)},
+        "limits": {"memory": str(r.memory)},
+    }
+    if r.gpus > 0:
+        resources["requests"][r.gpu_resource_name] = str(r.gpus)
+        resources["limits"][r.gpu_resource_name] = str(r.gpus)
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": f"{owner.name}-config"}},
+        {"name": "keys", "secret": {"secretName": f"{owner.name}-keys"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    pvc = spec.model.persistent_volume_claim
+    if pvc is not None:
+        mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
+        )
+    container: dict[str, Any] = {
+        "name": "sluiceway-pod",
+        "image": spec.model.image,
+        "imagePullPolicy": spec.model.image_pull_policy,
+        "command": ["sluiceway-pod", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": resources,
+        "startupProbe": _http_probe("/v2/health/live", 5, 120),
+        "livenessProbe": _http_probe("/v2/health/live", 10, 3),
+        "readinessProbe": _http_probe("/v2/health/ready", 5, 2),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": math.ceil(parse_duration(spec.timeouts.drain)) + GRACE_SLACK_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    p = spec.placement
+    if p is not None:
+        if p.node_selector:
+            pod_spec["nodeSelector"] = dict(p.node_selector)
+        if p.tolerations:
+            pod_spec["tolerations"] = [
+                t.model_dump(by_alias=True, exclude_none=True) for t in p.tolerations
+            ]
+        if p.affinity:
+            pod_spec["affinity"] = p.affinity
+        if p.priority_class_name:
+            pod_spec["priorityClassName"] = p.priority_class_name
+        if p.runtime_class_name:
+            pod_spec["runtimeClassName"] = p.runtime_class_name
+    dep_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(owner.name)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {
+            "metadata": {
+                "labels": pod_labels(owner.name),
+                "annotations": {CONFIG_HASH_ANNOTATION: digest},
+            },
+            "spec": pod_spec,
+        },
+    }
+    if replicas is not None:
+        dep_spec = {"replicas": replicas, **dep_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, owner.name),
+        "spec": dep_spec,
+    }
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_pdb(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "maxUnavailable": spec.disruption.max_unavailable,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def _seconds(text: str) -> int:
+    return math.ceil(parse_duration(text))
+
+
+def _num(x: float) -> str:
+    """A KEDA metadata number: integers without a fraction, others as short decimals."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any]:
+    """KEDA ScaledObject: fast up, slow down, never below current replicas on signal loss."""
+    a = spec.autoscaling
+    wait_target = parse_duration(a.target_wait_p95)
+    prometheus = a.prometheus_address or env.prometheus_url
+    behavior = {
+        "scaleUp": {
+            "stabilizationWindowSeconds": _seconds(a.scale_up.stabilization_window),
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Pods", "value": a.scale_up.max_pods_per_period, "periodSeconds": _seconds(a.scale_up.period)},
+                {
+                    "type": "Percent",
+                    "value": a.scale_up.max_percent_per_period,
+                    "periodSeconds": _seconds(a.scale_up.period),
+                },
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": _seconds(a.scale_down.stabilization_window),
+            "selectPolicy": "Min",
+            "policies": [
+                {
+                    "type": "Pods",
+                    "value": a.scale_down.max_pods_per_period,
+                    "periodSeconds": _seconds(a.scale_down.period),
+                }
+            ],
+        },
+    }
+    so_spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+        "pollingInterval": _seconds(a.polling_interval),
+        "cooldownPeriod": _seconds(a.scale_down.stabilization_window),
+        "minReplicaCount": a.min_replicas,
+        "maxReplicaCount": a.max_replicas,
+        "advanced": {
+            "restoreToOriginalReplicaCount": False,
+            "horizontalPodAutoscalerConfig": {"name": f"keda-hpa-{owner.name}", "behavior": behavior},
+        },
+    }
+    if a.engine == "keda":
+        metadata: dict[str, str] = {
+            "scalerAddress": a.scaler_address or env.scaler_address,
+            "namespace": owner.namespace,
+            "inferenceService": owner.name,
+            "targetQueueDepthPerReplica": str(a.target_queue_depth_per_replica),
+            "targetWaitP95Seconds": _num(wait_target),
+            "minReplicas": str(a.min_replicas),
+            "maxReplicas": str(a.max_replicas),
+            "scaleUpMaxPods": str(a.scale_up.max_pods_per_period),
+            "scaleUpMaxPercent": str(a.scale_up.max_percent_per_period),
+            "scaleDownWindowSeconds": str(_seconds(a.scale_down.stabilization_window)),
+            "scaleDownMaxPods": str(a.scale_down.max_pods_per_period),
+            "scaleDownPeriodSeconds": str(_seconds(a.scale_down.period)),
+        }
+        if prometheus:
+            metadata["prometheusAddress"] = prometheus
+        so_spec["triggers"] = [{"type": "external", "metricType": "AverageValue", "metadata": metadata}]
+        # Fallback needs AverageValue triggers; the external trigger is one.
+        so_spec["fallback"] = {
+            "failureThreshold": 3,
+            "replicas": a.fallback_replicas if a.fallback_replicas is not None else max(a.min_replicas, 1),
+            "behavior": "currentReplicasIfHigher",
+        }
+    else:  # prometheus: KEDA's own triggers
+        if not prometheus:
+            raise SpecError(
+                "autoscaling.engine prometheus needs autoscaling.prometheusAddress "
+                "(or the operator's --prometheus-url)"
+            )
+        so_spec["triggers"] = [
+            {
+                "type": "prometheus",
+                "name": "queue-depth",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": prometheus,
+                    "query": queue_depth_query(owner.namespace, owner.name),
+                    "threshold": str(a.target_queue_depth_per_replica),
+                    "ignoreNullValues": "true",
+                },
+            },
+            {
+                "type": "prometheus",
+                "name": "wait-p95",
+                "metricType": "Value",
+                "metadata": {
+                    "serverAddress": prometheus,
+                    "query": wait_p95_query(owner.namespace, owner.name),
+                    "threshold": _num(wait_target),
+                    "ignoreNullValues": "true",
+                },
+            },
+        ]
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": _metadata(owner, owner.name),
+        "spec": so_spec,
+    }
+
+
+def build_service_monitor(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "selector": {"matchLabels": pod_labels(owner.name)},
+            "endpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": spec.monitoring.interval,
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_sluiceway_io_inferenceservice"],
+                            "targetLabel": "inferenceservice",
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+
+
+def render(
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    key_hashes: Mapping[str, str],
+    env: Environment,
+    replicas: int | None = None,
+) -> Rendered:
+    """All children, in apply order (config first, Deployment after what it mounts).
+
+    ``replicas`` is only used by the engines that own ``spec.replicas`` (``none``: ``spec.replicas``;
+    ``builtin``: the value passed in, else ``minReplicas``). Raises :class:`SpecError`.
+    """
+    cfg = build_pod_config(owner, spec)
+    cfg_yaml = cfg.to_yaml()
+    keys = keys_text(key_hashes)
+    digest = config_hash(cfg_yaml, keys)
+    engine = spec.autoscaling.engine
+    owned_replicas: int | None
+    if engine == "none":
+        owned_replicas = spec.replicas
+    elif engine == "builtin":
+        a = spec.autoscaling
+        owned_replicas = min(a.max_replicas, max(a.min_replicas, replicas if replicas is not None else 0))
+    else:
+        owned_replicas = None
+    manifests = [
+        build_config_map(owner, cfg_yaml),
+        build_keys_secret(owner, keys),
+        build_deployment(owner, spec, digest, owned_replicas),
+        build_service(owner),
+        build_pdb(owner, spec),
+    ]
+    absent: list[tuple[str, str]] = []
+    if engine in ("keda", "prometheus") and env.keda:
+        manifests.append(build_scaled_object(owner, spec, env))
+    elif env.keda:
+        absent.append(SCALED_OBJECT)
+    if spec.monitoring.service_monitor and env.service_monitor:
+        manifests.append(build_service_monitor(owner, spec))
+    elif env.service_monitor:
+        absent.append(SERVICE_MONITOR)
+    return Rendered(manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent)

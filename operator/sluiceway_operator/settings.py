@@ -1,0 +1,63 @@
+"""Operator settings (flags > environment > defaults) and the kopf settings derived from them.
+
+Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluster-wide),
+``SLUICEWAY_PROMETHEUS_URL``, ``SLUICEWAY_SCALER_ADDRESS``, ``SLUICEWAY_DRIFT_INTERVAL`` (seconds),
+``SLUICEWAY_LOG_FORMAT`` (``plain`` | ``full`` | ``json``), ``SLUICEWAY_LIVENESS`` (a URL such as
+``http://0.0.0.0:8081/healthz``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+__all__ = ["DOMAIN", "OperatorConfig", "apply_kopf_settings", "config_from_env"]
+
+#: kopf's ``kopf.zalando.org`` annotations, progress storage and finalizer are renamed to this.
+DOMAIN = "sluiceway.io"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()
+    prometheus_url: str | None = None
+    scaler_address: str = "sluiceway-scaler.sluiceway-system.svc:9090"
+    drift_interval: float = 60.0
+    log_format: str = "plain"
+    liveness: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
+    env = os.environ if environ is None else environ
+    namespaces = tuple(n.strip() for n in env.get("SLUICEWAY_NAMESPACES", "").split(",") if n.strip())
+    return OperatorConfig(
+        namespaces=namespaces,
+        prometheus_url=env.get("SLUICEWAY_PROMETHEUS_URL") or None,
+        scaler_address=env.get("SLUICEWAY_SCALER_ADDRESS") or OperatorConfig.scaler_address,
+        drift_interval=float(env.get("SLUICEWAY_DRIFT_INTERVAL") or OperatorConfig.drift_interval),
+        log_format=env.get("SLUICEWAY_LOG_FORMAT") or "plain",
+        liveness=env.get("SLUICEWAY_LIVENESS") or None,
+    )
+
+
+def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
+    """Rename kopf's storage to the sluiceway.io domain; standalone (one operator replica)."""
+    settings.persistence.finalizer = f"{DOMAIN}/kopf-finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=DOMAIN, key="last-handled-configuration"
+    )
+    settings.peering.standalone = True
+    settings.posting.enabled = True
+    # Short watch timeouts: reconnects are cheap and repair lost watches quickly.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150

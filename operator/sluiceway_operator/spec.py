@@ -1,0 +1,316 @@
+"""The validated model of an ``InferenceService`` spec. Pure: no I/O, safe from any thread.
+
+The CRD (``crds/inferenceservices.sluiceway.io.yaml``) is the source of truth: the API server
+applies its defaults and CEL rules before the operator sees an object. This model repeats the same
+defaults (``tests/operator/test_spec.py`` checks that they agree with the CRD) so that the pure
+builders can be used and tested without an API server, and it adds the checks a schema cannot
+express. Units are converted here once: durations to seconds, rates to tokens per second,
+quantities to bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "InferenceServiceSpec",
+    "SpecError",
+    "parse_duration",
+    "parse_quantity",
+    "parse_rate",
+    "parse_spec",
+]
+
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
+_DURATION_FULL = re.compile(r"^([0-9]+(ms|s|m|h))+$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|)$")
+_QUANTITY_FACTOR = {
+    "": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+class SpecError(ValueError):
+    """The spec cannot be turned into a working service. ``str()`` names the field."""
+
+
+def parse_duration(text: str) -> float:
+    """``"1m30s"`` -> 90.0 seconds. Go duration notation restricted to integers and ms/s/m/h."""
+    if not _DURATION_FULL.match(text):
+        raise SpecError(f"{text!r} is not a duration like 500ms, 5s, 1m30s")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def parse_rate(text: str) -> float:
+    """``"30/m"`` -> 0.5 tokens per second."""
+    m = re.match(r"^([0-9]+)/(s|m|h)$", text)
+    if not m:
+        raise SpecError(f"{text!r} is not a rate like 10/s or 30/m")
+    return int(m.group(1)) / _UNIT_SECONDS[m.group(2)]
+
+
+def parse_quantity(value: int | str) -> int:
+    """A Kubernetes quantity (``"1Gi"``, ``"500M"``, ``2``) -> an integer, rounded up."""
+    if isinstance(value, int):
+        return value
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise SpecError(f"{value!r} is not a quantity like 1Gi or 500M")
+    number = float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
+    return int(-(-number // 1))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+Duration = str
+Quantity = int | str
+
+
+class PvcSpec(_Model):
+    claim_name: str
+    mount_path: str = "/models"
+
+
+class FallbackSpec(_Model):
+    source: str
+    permits: int = Field(default=1, ge=1, le=64)
+
+
+class ModelSpec(_Model):
+    image: str = Field(min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    format: Literal["torchscript", "python", "synthetic", "demo"] = "torchscript"
+    source: str = Field(min_length=1)
+    name: str | None = None
+    version: str = "1"
+    warmup_iterations: int = Field(default=3, ge=1, le=1000)
+    persistent_volume_claim: PvcSpec | None = None
+    fallback: FallbackSpec | None = None
+
+
+class ResourcesSpec(_Model):
+    gpus: int = Field(default=1, ge=0, le=16)
+    gpu_resource_name: str = "nvidia.com/gpu"
+    cpu: Quantity = "1"
+    memory: Quantity = "4Gi"
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class PlacementSpec(_Model):
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = None
+    runtime_class_name: str | None = None
+
+
+class ConcurrencySpec(_Model):
+    permits: int | Literal["auto"] = "auto"
+    memory_reserve: Quantity = "1Gi"
+    safety_factor_percent: int = Field(default=80, ge=1, le=100)
+    cpu_default: int = Field(default=2, ge=1, le=256)
+    max_permits: int = Field(default=64, ge=1, le=1024)
+
+
+class QueueSpec(_Model):
+    max_depth: int | Literal["auto"] = 64
+    target_wait: Duration = "2s"
+    min_auto_depth: int = Field(default=1, ge=1)
+    max_auto_depth: int = Field(default=10_000, ge=1)
+
+
+class TimeoutsSpec(_Model):
+    queue: Duration = "5s"
+    request: Duration = "35s"
+    drain: Duration = "30s"
+
+
+class PrioritiesSpec(_Model):
+    classes: list[str] = Field(default_factory=lambda: ["critical", "standard", "batch"], min_length=1)
+    default: str = "standard"
+    aging: Duration = "1s"
+
+
+class BatchingSpec(_Model):
+    max_batch_size: int | Literal["auto"] = 1
+    max_wait: Duration = "5ms"
+    max_auto_batch_size: int = Field(default=32, ge=1, le=4096)
+
+
+class LimitsSpec(_Model):
+    rate: str | None = None
+    burst: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=1)
+    weight: int = Field(default=1, ge=1, le=1000)
+    max_priority: str | None = None
+
+
+class AccessSpec(_Model):
+    allow_anonymous: bool = True
+    anonymous_tenant: str = "anonymous"
+    defaults: LimitsSpec = Field(default_factory=LimitsSpec)
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1)
+    key: str = "key"
+
+
+class TenantSpec(LimitsSpec):
+    name: str
+    key_secret_ref: SecretKeyRef | None = None
+
+
+class CacheSpec(_Model):
+    enabled: bool = True
+    max_entries: int = Field(default=1024, ge=1)
+    ttl: Duration = "60s"
+
+
+class DegradationSpec(_Model):
+    enabled: bool = False
+    wait_threshold: Duration = "1s"
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+
+
+class ScaleUpSpec(_Model):
+    stabilization_window: Duration = "0s"
+    max_pods_per_period: int = Field(default=4, ge=1)
+    max_percent_per_period: int = Field(default=100, ge=1)
+    period: Duration = "15s"
+
+
+class ScaleDownSpec(_Model):
+    stabilization_window: Duration = "300s"
+    max_pods_per_period: int = Field(default=1, ge=1)
+    period: Duration = "60s"
+
+
+class AutoscalingSpec(_Model):
+    engine: Literal["keda", "prometheus", "builtin", "none"] = "keda"
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    target_queue_depth_per_replica: int = Field(default=8, ge=1)
+    target_wait_p95: Duration = "2s"
+    prometheus_address: str | None = None
+    scaler_address: str | None = None
+    polling_interval: Duration = "15s"
+    fallback_replicas: int | None = None
+    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
+    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
+
+
+class DisruptionSpec(_Model):
+    max_unavailable: int = Field(default=1, ge=0)
+
+
+class MonitoringSpec(_Model):
+    service_monitor: bool = True
+    interval: Duration = "15s"
+
+
+class InferenceServiceSpec(_Model):
+    """``spec`` of an InferenceService, defaults applied. Cross-field rules mirror the CRD's CEL."""
+
+    model: ModelSpec
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    placement: PlacementSpec | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: list[str] | None = None
+    replicas: int = Field(default=1, ge=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    concurrency: ConcurrencySpec = Field(default_factory=ConcurrencySpec)
+    queue: QueueSpec = Field(default_factory=QueueSpec)
+    timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+    priorities: PrioritiesSpec = Field(default_factory=PrioritiesSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    access: AccessSpec = Field(default_factory=AccessSpec)
+    tenants: list[TenantSpec] | None = None
+    degradation: DegradationSpec = Field(default_factory=DegradationSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+
+    @model_validator(mode="after")
+    def _cross(self) -> InferenceServiceSpec:
+        for field_path, text in self._durations():
+            try:
+                parse_duration(text)
+            except SpecError as err:
+                raise ValueError(f"{field_path}: {err}") from None
+        t = self.timeouts
+        if not 0 < parse_duration(t.queue) < parse_duration(t.request):
+            raise ValueError("timeouts.queue must be shorter than timeouts.request")
+        if parse_duration(self.queue.target_wait) > parse_duration(t.queue):
+            raise ValueError("queue.targetWait must not exceed timeouts.queue")
+        a = self.autoscaling
+        if a.min_replicas > a.max_replicas:
+            raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
+        classes = self.priorities.classes
+        if len(set(classes)) != len(classes):
+            raise ValueError("priorities.classes names must be unique")
+        if self.priorities.default not in classes:
+            raise ValueError("priorities.default must be one of priorities.classes")
+        names = [tn.name for tn in self.tenants or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        for tn in self.tenants or []:
+            if tn.max_priority is not None and tn.max_priority not in classes:
+                raise ValueError(f"tenant {tn.name}: maxPriority {tn.max_priority!r} is not a priority class")
+            if tn.key_secret_ref is None and tn.name != self.access.anonymous_tenant:
+                raise ValueError(f"tenant {tn.name}: only the anonymous tenant may omit keySecretRef")
+        return self
+
+    def _durations(self) -> list[tuple[str, str]]:
+        a = self.autoscaling
+        return [
+            ("queue.targetWait", self.queue.target_wait),
+            ("timeouts.queue", self.timeouts.queue),
+            ("timeouts.request", self.timeouts.request),
+            ("timeouts.drain", self.timeouts.drain),
+            ("priorities.aging", self.priorities.aging),
+            ("batching.maxWait", self.batching.max_wait),
+            ("degradation.waitThreshold", self.degradation.wait_threshold),
+            ("degradation.cache.ttl", self.degradation.cache.ttl),
+            ("autoscaling.targetWaitP95", a.target_wait_p95),
+            ("autoscaling.pollingInterval", a.polling_interval),
+            ("autoscaling.scaleUp.stabilizationWindow", a.scale_up.stabilization_window),
+            ("autoscaling.scaleUp.period", a.scale_up.period),
+            ("autoscaling.scaleDown.stabilizationWindow", a.scale_down.stabilization_window),
+            ("autoscaling.scaleDown.period", a.scale_down.period),
+            ("monitoring.interval", self.monitoring.interval),
+        ]
+
+    @property
+    def keyed_tenants(self) -> list[TenantSpec]:
+        """Tenants identified by an API key (the anonymous tenant may have none)."""
+        return [tn for tn in self.tenants or [] if tn.key_secret_ref is not None]
+
+
+def parse_spec(spec: Any) -> InferenceServiceSpec:
+    """Validate a raw ``spec`` mapping. Raises :class:`SpecError` naming the field(s)."""
+    try:
+        return InferenceServiceSpec.model_validate(spec)
+    except ValidationError as err:
+        parts = []
+        for e in err.errors():
+            loc = ".".join(str(p) for p in e["loc"])
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            parts.append(f"spec.{loc}: {msg}" if loc else f"spec: {msg}")
+        raise SpecError("; ".join(parts)) from None

@@ -1,0 +1,170 @@
+"""Pure status computation: what was observed -> the ``status`` of an InferenceService.
+
+Follows the API conventions: ``observedGeneration`` plus ``conditions[]`` (Ready, ConfigValid,
+Available, AutoscalingReady), each with a CamelCase reason and a message; no ``phase``. A condition's
+``lastTransitionTime`` only changes when its status changes. No I/O, no clock (``now`` is passed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Cond", "Observed", "compute_status", "format_wait", "merge_conditions"]
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile saw. ``config_error`` is ``(reason, message)`` when ConfigValid=False."""
+
+    generation: int
+    endpoint: str
+    engine: str
+    spec_replicas: int
+    spec_permits: int | str
+    config_error: tuple[str, str] | None = None
+    config_hash: str | None = None
+    deployment: Mapping[str, Any] | None = None
+    keda_installed: bool = False
+    scaled_object: Mapping[str, Any] | None = None
+    prometheus_configured: bool = False
+    prometheus_error: str | None = None
+    queue_depth: float | None = None
+    wait_p95: float | None = None
+    live_permits: float | None = None
+    builtin_note: str | None = None
+
+
+def format_wait(seconds: float) -> str:
+    """``0.1234`` -> ``"123ms"``; ``2.5`` -> ``"2.5s"``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    return f"{seconds:.3g}s"
+
+
+def _find(conditions: Sequence[Mapping[str, Any]] | None, ctype: str) -> Mapping[str, Any] | None:
+    for c in conditions or ():
+        if c.get("type") == ctype:
+            return c
+    return None
+
+
+def _config_valid(o: Observed) -> Cond:
+    if o.config_error is not None:
+        reason, message = o.config_error
+        return Cond("ConfigValid", "False", reason, message)
+    return Cond("ConfigValid", "True", "ConfigRendered", f"pod config rendered (hash {o.config_hash})")
+
+
+def _available(o: Observed) -> Cond:
+    d = o.deployment
+    if d is None:
+        return Cond("Available", "False", "DeploymentMissing", "the Deployment does not exist yet")
+    status = d.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    cond = _find(status.get("conditions"), "Available")
+    if cond is None:
+        return Cond("Available", "Unknown", "DeploymentPending", "the Deployment reports no availability yet")
+    msg = f"{ready} of {int(status.get('replicas') or 0)} pods ready"
+    if cond.get("message"):
+        msg += f"; {cond['message']}"
+    return Cond("Available", str(cond.get("status", "Unknown")), str(cond.get("reason") or "Deployment"), msg)
+
+
+def _autoscaling(o: Observed) -> Cond:
+    if o.engine == "none":
+        return Cond(
+            "AutoscalingReady", "True", "AutoscalingDisabled", f"replicas fixed at {o.spec_replicas} by spec.replicas"
+        )
+    if o.engine in ("keda", "prometheus"):
+        if not o.keda_installed:
+            return Cond(
+                "AutoscalingReady",
+                "False",
+                "KedaNotInstalled",
+                f"engine {o.engine} needs KEDA (CRD scaledobjects.keda.sh); install KEDA or set "
+                "autoscaling.engine to builtin or none",
+            )
+        if o.scaled_object is None:
+            return Cond("AutoscalingReady", "Unknown", "ScaledObjectMissing", "the ScaledObject does not exist yet")
+        ready = _find((o.scaled_object.get("status") or {}).get("conditions"), "Ready")
+        if ready is None or ready.get("status") in (None, "Unknown"):
+            return Cond("AutoscalingReady", "Unknown", "ScaledObjectPending", "waiting for KEDA to report on the ScaledObject")
+        return Cond(
+            "AutoscalingReady",
+            str(ready["status"]),
+            str(ready.get("reason") or "ScaledObject"),
+            str(ready.get("message") or ""),
+        )
+    # builtin
+    if not o.prometheus_configured:
+        return Cond(
+            "AutoscalingReady",
+            "False",
+            "PrometheusNotConfigured",
+            "engine builtin needs autoscaling.prometheusAddress or the operator's --prometheus-url",
+        )
+    if o.prometheus_error is not None:
+        return Cond("AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}")
+    return Cond("AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment")
+
+
+def _ready(parts: Sequence[Cond]) -> Cond:
+    for c in parts:
+        if c.status == "False" or (c.status == "Unknown" and c.type != "AutoscalingReady"):
+            return Cond("Ready", "False" if c.status == "False" else "Unknown", c.reason, f"{c.type}: {c.message}")
+    return Cond("Ready", "True", "Ready", "configured, available and autoscaled as asked")
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]] | None, new: Sequence[Cond], generation: int, now: str
+) -> list[dict[str, Any]]:
+    """metav1.Condition dicts; ``lastTransitionTime`` kept when the status did not change."""
+    out = []
+    for c in new:
+        old = _find(previous, c.type)
+        changed = old is None or old.get("status") != c.status
+        out.append(
+            {
+                "type": c.type,
+                "status": c.status,
+                "observedGeneration": generation,
+                "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
+                "reason": c.reason,
+                "message": c.message,
+            }
+        )
+    return out
+
+
+def compute_status(
+    o: Observed, previous_conditions: Sequence[Mapping[str, Any]] | None, now: str
+) -> dict[str, Any]:
+    """The full ``status`` to write (a merge patch of the status subresource)."""
+    cv, av, au = _config_valid(o), _available(o), _autoscaling(o)
+    conds = [_ready([cv, av, au]), cv, av, au]
+    dstatus = (o.deployment or {}).get("status") or {}
+    concurrency = str(round(o.live_permits)) if o.live_permits is not None else str(o.spec_permits)
+    status: dict[str, Any] = {
+        "observedGeneration": o.generation,
+        "conditions": merge_conditions(previous_conditions, conds, o.generation, now),
+        "replicas": int(dstatus.get("replicas") or 0),
+        "readyReplicas": int(dstatus.get("readyReplicas") or 0),
+        "endpoint": o.endpoint,
+        "concurrency": concurrency,
+        "autoscalingEngine": o.engine,
+        "queueDepth": round(o.queue_depth) if o.queue_depth is not None else None,
+        "waitP95": format_wait(o.wait_p95) if o.wait_p95 is not None else None,
+    }
+    if o.config_hash is not None:
+        status["configHash"] = o.config_hash
+    return status

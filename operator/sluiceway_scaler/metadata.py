@@ -1,0 +1,214 @@
+"""Trigger metadata (the ScaledObject's ``triggers[].metadata``) -> a validated :class:`TriggerConfig`.
+
+Pure: no I/O. Every problem raises :class:`~sluiceway_scaler.errors.InvalidMetadata` naming the key,
+which the service returns as ``INVALID_ARGUMENT``.
+
+Keys (all values are strings, as KEDA passes them):
+
+=============================  ========  ====================================================
+key                            default   meaning
+=============================  ========  ====================================================
+inferenceService               required  the InferenceService name (label ``inferenceservice``)
+namespace                      ref's ns  its namespace (label ``namespace``)
+prometheusAddress              required  ``http(s)://host:port`` of Prometheus
+targetQueueDepthPerReplica     --        queued requests one replica may hold
+targetWaitP95                  --        target queue-wait p95: ``500ms``, ``2s``, ``1m`` or seconds
+minReplicas                    1         lower bound of the decision
+maxReplicas                    100       upper bound of the decision
+scaleDownStabilizationSeconds  300       window for slow scale-down (0..3600)
+scaleDownPods                  --        at most this many pods removed per period
+scaleDownPeriodSeconds         60        the period of ``scaleDownPods``
+scaleUpPods / scaleUpPercent   --        scale-up step limit (the larger of the two applies)
+rateWindow                     1m        PromQL range for ``rate()`` and the wait quantile
+queryTimeout                   5s        timeout of each Prometheus query
+podMetricsUrls                 --        comma-separated pod ``/metrics`` URLs for StreamIsActive
+activationPollInterval         1s        how often StreamIsActive polls (pods or Prometheus)
+=============================  ========  ====================================================
+
+At least one of ``targetQueueDepthPerReplica`` and ``targetWaitP95`` is required.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from sluiceway_scaler.errors import InvalidMetadata
+from sluiceway_scaler.policy import ScaleDownPolicy, ScaleUpPolicy, ScalingSpec
+
+__all__ = ["KNOWN_KEYS", "TriggerConfig", "parse_duration", "parse_metadata"]
+
+KNOWN_KEYS = frozenset(
+    {
+        "inferenceService", "namespace", "prometheusAddress", "targetQueueDepthPerReplica",
+        "targetWaitP95", "minReplicas", "maxReplicas", "scaleDownStabilizationSeconds",
+        "scaleDownPods", "scaleDownPeriodSeconds", "scaleUpPods", "scaleUpPercent", "rateWindow",
+        "queryTimeout", "podMetricsUrls", "activationPollInterval",
+        # Passed through by KEDA for the external trigger itself; ignored here.
+        "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "unsafeSsl",
+    }
+)
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_PROM_RANGE = re.compile(r"^[1-9]\d*(ms|s|m|h)$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+@dataclass(frozen=True)
+class TriggerConfig:
+    inference_service: str
+    namespace: str
+    prometheus_address: str
+    spec: ScalingSpec
+    rate_window: str
+    query_timeout: float
+    pod_metrics_urls: tuple[str, ...]
+    activation_poll_interval: float
+
+    @property
+    def metric_name(self) -> str:
+        """The metric this trigger announces; one per ScaledObject (KEDA adds its ``sN-`` prefix)."""
+        return f"sluiceway-replicas-{self.namespace}-{self.inference_service}"[:200]
+
+
+def parse_duration(text: str) -> float:
+    """``500ms`` / ``2s`` / ``1.5m`` / ``1h`` / plain seconds -> seconds. Raises ValueError."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 2s, 1m or a number of seconds)")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def _str(md: Mapping[str, str], key: str) -> str | None:
+    v = md.get(key)
+    if v is None:
+        return None
+    v = v.strip()
+    return v or None
+
+
+def _int(md: Mapping[str, str], key: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = _str(md, key)
+    if v is None:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise InvalidMetadata(key, f"must be an integer, got {v!r}") from None
+    if not lo <= n <= hi:
+        raise InvalidMetadata(key, f"must be within {lo}..{hi}, got {n}")
+    return n
+
+
+def _float(md: Mapping[str, str], key: str, default: float | None, lo: float, hi: float) -> float | None:
+    v = _str(md, key)
+    if v is None:
+        return default
+    try:
+        x = float(v)
+    except ValueError:
+        raise InvalidMetadata(key, f"must be a number, got {v!r}") from None
+    if not lo <= x <= hi:  # also rejects NaN
+        raise InvalidMetadata(key, f"must be within {lo:g}..{hi:g}, got {v}")
+    return x
+
+
+def _duration(md: Mapping[str, str], key: str, default: float | None, lo: float, hi: float) -> float | None:
+    v = _str(md, key)
+    if v is None:
+        return default
+    try:
+        x = parse_duration(v)
+    except ValueError as e:
+        raise InvalidMetadata(key, str(e)) from None
+    if not lo <= x <= hi:
+        raise InvalidMetadata(key, f"must be within {lo:g}s..{hi:g}s, got {v}")
+    return x
+
+
+def _url(key: str, v: str) -> str:
+    u = urlparse(v)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise InvalidMetadata(key, f"must be an http(s) URL with a host, got {v!r}")
+    try:
+        u.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise InvalidMetadata(key, f"bad port in {v!r}") from None
+    return v.rstrip("/")
+
+
+def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> TriggerConfig:
+    """Validate the trigger metadata. Unknown keys are rejected so that typos do not pass silently."""
+    unknown = sorted(set(metadata) - KNOWN_KEYS)
+    if unknown:
+        raise InvalidMetadata(unknown[0], f"unknown key (known: {', '.join(sorted(KNOWN_KEYS))})")
+
+    name = _str(metadata, "inferenceService")
+    if name is None:
+        raise InvalidMetadata("inferenceService", "is required")
+    if not _DNS_LABEL.match(name):
+        raise InvalidMetadata("inferenceService", f"must be a DNS-1123 label, got {name!r}")
+    namespace = _str(metadata, "namespace") or ref_namespace.strip()
+    if not namespace:
+        raise InvalidMetadata("namespace", "is required (not in the metadata nor in the ScaledObjectRef)")
+    if not _DNS_LABEL.match(namespace):
+        raise InvalidMetadata("namespace", f"must be a DNS-1123 label, got {namespace!r}")
+
+    address = _str(metadata, "prometheusAddress")
+    if address is None:
+        raise InvalidMetadata("prometheusAddress", "is required")
+    address = _url("prometheusAddress", address)
+
+    q_target = _float(metadata, "targetQueueDepthPerReplica", None, 1e-6, 1e6)
+    w_target = _duration(metadata, "targetWaitP95", None, 0.001, 3600)
+    if q_target is None and w_target is None:
+        raise InvalidMetadata(
+            "targetQueueDepthPerReplica", "set targetQueueDepthPerReplica and/or targetWaitP95"
+        )
+
+    lo = _int(metadata, "minReplicas", 1, 0, 10_000)
+    hi = _int(metadata, "maxReplicas", 100, 1, 10_000)
+    assert lo is not None and hi is not None
+    if hi < lo:
+        raise InvalidMetadata("maxReplicas", f"must be >= minReplicas ({lo}), got {hi}")
+
+    # KEDA accepts stabilisation windows above 3600 s and then fails silently (kedacore/keda#4976).
+    window = _duration(metadata, "scaleDownStabilizationSeconds", 300.0, 0, 3600)
+    down_pods = _int(metadata, "scaleDownPods", None, 1, 10_000)
+    period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)
+    up_pods = _int(metadata, "scaleUpPods", None, 1, 10_000)
+    up_pct = _float(metadata, "scaleUpPercent", None, 1, 10_000)
+    assert window is not None and period is not None
+
+    rate_window = _str(metadata, "rateWindow") or "1m"
+    if not _PROM_RANGE.match(rate_window):
+        raise InvalidMetadata("rateWindow", f"must be a PromQL duration like 30s or 1m, got {rate_window!r}")
+    timeout = _duration(metadata, "queryTimeout", 5.0, 0.1, 60)
+    poll = _duration(metadata, "activationPollInterval", 1.0, 0.05, 60)
+    assert timeout is not None and poll is not None
+
+    urls_raw = _str(metadata, "podMetricsUrls")
+    parts = [u.strip() for u in urls_raw.split(",")] if urls_raw else []
+    urls = tuple(_url("podMetricsUrls", u) for u in parts if u)
+
+    spec = ScalingSpec(
+        min_replicas=lo,
+        max_replicas=hi,
+        target_queue_per_replica=q_target,
+        target_wait_p95=w_target,
+        scale_up=ScaleUpPolicy(max_pods=up_pods, max_percent=up_pct),
+        scale_down=ScaleDownPolicy(stabilization_window=window, max_pods=down_pods, period=period),
+    )
+    return TriggerConfig(
+        inference_service=name,
+        namespace=namespace,
+        prometheus_address=address,
+        spec=spec,
+        rate_window=rate_window,
+        query_timeout=timeout,
+        pod_metrics_urls=urls,
+        activation_poll_interval=poll,
+    )

@@ -1,0 +1,214 @@
+"""The one scaling policy: signals + spec + history -> desired replicas.
+
+Shared by the KEDA external scaler (:mod:`sluiceway_scaler.service`) and the operator's built-in
+engine. Pure: no I/O, no clock (``now`` is passed in), no mutation (the new history comes back inside
+the :class:`Decision`). Safe to call from any thread.
+
+The rule, in order:
+
+1. **Missing data holds.** If the signals are not ``ok`` or the queue depth is unknown, the answer is
+   ``current`` (``held=True``). The held value is recorded in the history, so after an outage the
+   service still waits a full stabilisation window before it shrinks.
+2. **Raw recommendation** = the larger of
+
+   * backlog: ``ceil(queue_depth / target_queue_per_replica)``, and
+   * wait: ``ceil(current * wait_p95 / target_wait_p95)`` (proportional, like an HPA ``Value``
+     metric); skipped when there is no wait target or no wait data (no request waited in the
+     window: the histogram has no observations).
+
+   bounded by ``[min_replicas, max_replicas]``.
+3. **Fast up.** Above ``current`` the recommendation applies at once (the scale-up window is 0),
+   limited only by an optional step: at most ``max(current + max_pods, current * (1 + max_percent))``.
+4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
+   ``stabilization_window`` seconds (HPA semantics), and it may not drop more than ``max_pods``
+   below the highest replica count decided within the last ``period`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Decision",
+    "HistoryEntry",
+    "ScaleDownPolicy",
+    "ScaleHistory",
+    "ScaleUpPolicy",
+    "ScalingSpec",
+    "Signals",
+    "desired_replicas",
+]
+
+# Slack for float noise before ceil(): 2.0000000001 pods is 2 pods.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the service looks like now, over all its pods.
+
+    ``ok=False`` means the data could not be read (source down, empty or NaN result). ``None`` in a
+    field means that signal is unknown. ``wait_p95=None`` with ``ok=True`` means no request waited in
+    the window (the quantile is undefined), which the policy treats as "no wait signal".
+    """
+
+    queue_depth: float | None
+    wait_p95: float | None = None
+    arrival_rate: float | None = None
+    completion_rate: float | None = None
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ScaleUpPolicy:
+    """Scale-up limit per decision. Both ``None``: unlimited (jump straight to the recommendation)."""
+
+    max_pods: int | None = None
+    max_percent: float | None = None
+
+
+@dataclass(frozen=True)
+class ScaleDownPolicy:
+    """Scale-down stabilisation: window in seconds and at most ``max_pods`` removed per ``period``."""
+
+    stabilization_window: float = 300.0
+    max_pods: int | None = None
+    period: float = 60.0
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    min_replicas: int
+    max_replicas: int
+    target_queue_per_replica: float | None = None
+    target_wait_p95: float | None = None
+    scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
+    scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0:
+            raise ValueError("min_replicas must be >= 0")
+        if self.max_replicas < max(1, self.min_replicas):
+            raise ValueError("max_replicas must be >= max(1, min_replicas)")
+        if self.target_queue_per_replica is None and self.target_wait_p95 is None:
+            raise ValueError("set target_queue_per_replica and/or target_wait_p95")
+        if self.target_queue_per_replica is not None and not self.target_queue_per_replica > 0:
+            raise ValueError("target_queue_per_replica must be > 0")
+        if self.target_wait_p95 is not None and not self.target_wait_p95 > 0:
+            raise ValueError("target_wait_p95 must be > 0")
+        up, down = self.scale_up, self.scale_down
+        if up.max_pods is not None and up.max_pods < 1:
+            raise ValueError("scale_up.max_pods must be >= 1")
+        if up.max_percent is not None and not up.max_percent > 0:
+            raise ValueError("scale_up.max_percent must be > 0")
+        if down.stabilization_window < 0:
+            raise ValueError("scale_down.stabilization_window must be >= 0")
+        if down.max_pods is not None and down.max_pods < 1:
+            raise ValueError("scale_down.max_pods must be >= 1")
+        if not down.period > 0:
+            raise ValueError("scale_down.period must be > 0")
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    at: float
+    recommendation: int
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleHistory:
+    """Recent recommendations and decisions, oldest first. Only entries the policy still needs."""
+
+    entries: tuple[HistoryEntry, ...] = ()
+
+    def recorded(self, entry: HistoryEntry, keep_seconds: float) -> ScaleHistory:
+        horizon = entry.at - keep_seconds
+        kept = tuple(e for e in self.entries if e.at >= horizon)
+        return ScaleHistory((*kept, entry))
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str
+    raw_recommendation: int
+    held: bool
+    history: ScaleHistory
+
+
+def _ceil(x: float) -> int:
+    return math.ceil(x - _EPS) if x > 0 else 0
+
+
+def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str]:
+    parts: list[tuple[int, str]] = []
+    assert signals.queue_depth is not None
+    if spec.target_queue_per_replica is not None:
+        n = _ceil(max(0.0, signals.queue_depth) / spec.target_queue_per_replica)
+        target = spec.target_queue_per_replica
+        parts.append((n, f"backlog {signals.queue_depth:g}/{target:g} per replica -> {n}"))
+    if spec.target_wait_p95 is not None and signals.wait_p95 is not None:
+        base = max(current, 1)
+        n = _ceil(base * max(0.0, signals.wait_p95) / spec.target_wait_p95)
+        parts.append((n, f"wait p95 {signals.wait_p95:.3g}s vs {spec.target_wait_p95:g}s x {base} -> {n}"))
+    if not parts:
+        return 0, "no wait observed and no backlog target"
+    best = max(parts, key=lambda p: p[0])
+    return best[0], "; ".join(p[1] for p in parts)
+
+
+def desired_replicas(
+    signals: Signals, spec: ScalingSpec, current: int, history: ScaleHistory, now: float
+) -> Decision:
+    """Decide the replica count. See the module docstring for the rule."""
+    if current < 0:
+        raise ValueError("current must be >= 0")
+    keep = max(spec.scale_down.stabilization_window, spec.scale_down.period)
+
+    if not signals.ok or signals.queue_depth is None or math.isnan(signals.queue_depth):
+        why = signals.detail or "signals missing"
+        entry = HistoryEntry(now, current, current)
+        return Decision(current, f"held at {current}: {why}", current, True, history.recorded(entry, keep))
+
+    raw, why = _raw(signals, spec, current)
+    bounded = min(spec.max_replicas, max(spec.min_replicas, raw))
+    if bounded != raw:
+        why += f"; bounded to [{spec.min_replicas}, {spec.max_replicas}] -> {bounded}"
+
+    if bounded > current:
+        replicas = bounded
+        up = spec.scale_up
+        limits = []
+        if up.max_pods is not None:
+            limits.append(current + up.max_pods)
+        if up.max_percent is not None:
+            limits.append(math.ceil(current * (1 + up.max_percent / 100.0)))
+        if limits:
+            step_cap = max(max(limits), current + 1)
+            if replicas > step_cap:
+                replicas = step_cap
+                why += f"; scale-up step limited to {replicas}"
+    elif bounded < current:
+        window_start = now - spec.scale_down.stabilization_window
+        seen = [e.recommendation for e in history.entries if e.at >= window_start]
+        replicas = max([bounded, *seen])
+        if replicas > bounded:
+            why += f"; stabilised at {replicas} (highest in {spec.scale_down.stabilization_window:g}s)"
+        down = spec.scale_down
+        if down.max_pods is not None:
+            period_start = now - down.period
+            recent = [e.replicas for e in history.entries if e.at >= period_start]
+            floor = max([current, *recent]) - down.max_pods
+            if replicas < floor:
+                replicas = floor
+                why += f"; scale-down limited to {down.max_pods} pods per {down.period:g}s -> {replicas}"
+        # Bounds win over stabilisation: never above max even if the history says so.
+        replicas = min(spec.max_replicas, max(spec.min_replicas, min(replicas, current)))
+    else:
+        replicas = bounded
+
+    entry = HistoryEntry(now, bounded, replicas)
+    return Decision(replicas, why, raw, False, history.recorded(entry, keep))

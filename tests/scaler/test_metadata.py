@@ -1,0 +1,78 @@
+"""Trigger metadata parsing: every bad key is named in the error."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluiceway_scaler.errors import InvalidMetadata
+from sluiceway_scaler.metadata import parse_duration, parse_metadata
+
+GOOD = {
+    "inferenceService": "demo",
+    "prometheusAddress": "http://prometheus.monitoring:9090",
+    "targetQueueDepthPerReplica": "4",
+    "targetWaitP95": "500ms",
+}
+
+
+def test_good_metadata_and_defaults() -> None:
+    cfg = parse_metadata(GOOD, "team-a")
+    assert cfg.namespace == "team-a"
+    assert cfg.inference_service == "demo"
+    assert cfg.spec.target_queue_per_replica == 4
+    assert cfg.spec.target_wait_p95 == 0.5
+    assert (cfg.spec.min_replicas, cfg.spec.max_replicas) == (1, 100)
+    assert cfg.spec.scale_down.stabilization_window == 300
+    assert cfg.rate_window == "1m"
+    assert cfg.pod_metrics_urls == ()
+    assert cfg.metric_name == "sluiceway-replicas-team-a-demo"
+
+
+def test_overrides() -> None:
+    cfg = parse_metadata(
+        GOOD | {"namespace": "other", "minReplicas": "0", "maxReplicas": "7", "scaleDownStabilizationSeconds": "5",
+                "scaleDownPods": "2", "scaleUpPercent": "50", "rateWindow": "5s", "queryTimeout": "1s",
+                "podMetricsUrls": "http://127.0.0.1:1/metrics, http://127.0.0.1:2/metrics",
+                "activationPollInterval": "200ms", "scalerAddress": "scaler:9090"},
+        "team-a",
+    )
+    assert cfg.namespace == "other"
+    assert cfg.spec.min_replicas == 0 and cfg.spec.max_replicas == 7
+    assert cfg.spec.scale_down.stabilization_window == 5 and cfg.spec.scale_down.max_pods == 2
+    assert cfg.spec.scale_up.max_percent == 50
+    assert cfg.pod_metrics_urls == ("http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics")
+    assert cfg.activation_poll_interval == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("2s", 2), ("1.5m", 90), ("1h", 3600), ("3", 3)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("change", "ns", "field"),
+    [
+        ({"inferenceService": None}, "a", "inferenceService"),
+        ({"inferenceService": "Bad_Name"}, "a", "inferenceService"),
+        ({}, "", "namespace"),
+        ({"prometheusAddress": None}, "a", "prometheusAddress"),
+        ({"prometheusAddress": "prometheus:9090"}, "a", "prometheusAddress"),
+        ({"targetQueueDepthPerReplica": None, "targetWaitP95": None}, "a", "targetQueueDepthPerReplica"),
+        ({"targetQueueDepthPerReplica": "four"}, "a", "targetQueueDepthPerReplica"),
+        ({"targetQueueDepthPerReplica": "0"}, "a", "targetQueueDepthPerReplica"),
+        ({"targetQueueDepthPerReplica": "nan"}, "a", "targetQueueDepthPerReplica"),
+        ({"targetWaitP95": "soon"}, "a", "targetWaitP95"),
+        ({"minReplicas": "-1"}, "a", "minReplicas"),
+        ({"minReplicas": "5", "maxReplicas": "2"}, "a", "maxReplicas"),
+        ({"scaleDownStabilizationSeconds": "7200"}, "a", "scaleDownStabilizationSeconds"),
+        ({"rateWindow": "1 minute"}, "a", "rateWindow"),
+        ({"podMetricsUrls": "ftp://x/metrics"}, "a", "podMetricsUrls"),
+        ({"targetQueueDepth": "4"}, "a", "targetQueueDepth"),  # typo: unknown key
+    ],
+)
+def test_bad_metadata_names_the_key(change: dict[str, str | None], ns: str, field: str) -> None:
+    md = {k: v for k, v in (GOOD | change).items() if v is not None}
+    with pytest.raises(InvalidMetadata) as e:
+        parse_metadata(md, ns)
+    assert e.value.field == field
+    assert f"scalerMetadata.{field}" in str(e.value)
