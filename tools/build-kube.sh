@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build kube-apiserver, kube-controller-manager, kube-scheduler and etcd from the Go
 # module in tools/kube, once per version and go.sum. Prints the bin directory.
+# Usage: tools/build-kube.sh [--dir]
 # Cache: ${SLUICEWAY_CACHE:-~/.cache/sluiceway}/kube-<version>-<go.sum hash>/bin
 set -euo pipefail
 here=$(cd "$(dirname "$0")/kube" && pwd)
@@ -11,10 +12,17 @@ case "$version" in
   v1.*) ;;
   *) echo "build-kube.sh: cannot read the k8s.io/kubernetes version from $here/go.mod" >&2; exit 1 ;;
 esac
-sum=$(sha256sum "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
+# Content hash only (not the checkout path), so every clone shares the cache.
+sum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
 cache=${SLUICEWAY_CACHE:-$HOME/.cache/sluiceway}
 out="$cache/kube-$version-$sum/bin"
 want="kube-apiserver kube-controller-manager kube-scheduler etcd"
+# --dir: print the bin directory and exit 0 if it is complete, 1 if not; never builds.
+if [ "${1:-}" = "--dir" ]; then
+  echo "$out"
+  for b in $want; do [ -x "$out/$b" ] || exit 1; done
+  exit 0
+fi
 ok=1
 for b in $want; do [ -x "$out/$b" ] || ok=0; done
 if [ "$ok" = 1 ]; then echo "$out"; exit 0; fi

@@ -110,6 +110,7 @@ class Observer(Protocol):
     def rejected(self, reason: str, tenant: Tenant, priority: str) -> None: ...
     def permits(self, limit: int, in_use: int) -> None: ...
     def batch(self, size: int) -> None: ...
+    def served(self, seconds: float) -> None: ...
 
 
 class NullObserver:
@@ -126,6 +127,9 @@ class NullObserver:
         pass
 
     def batch(self, size: int) -> None:
+        pass
+
+    def served(self, seconds: float) -> None:
         pass
 
 
@@ -418,6 +422,7 @@ class AdmissionCore(Generic[P]):
             self._tenants[t.tenant.name].running -= 1
         if service_seconds is not None:
             self.service.observe(service_seconds)
+            self.obs.served(service_seconds)
         self.obs.permits(self.limit, self.in_use)
 
     def shrink(self) -> int:

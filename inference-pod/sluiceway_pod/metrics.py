@@ -103,3 +103,6 @@ class _Observer:
 
     def batch(self, size: int) -> None:
         self.m.batch_size.labels(self.m.model).observe(size)
+
+    def served(self, seconds: float) -> None:
+        self.m.inference.labels(self.m.model).observe(seconds)

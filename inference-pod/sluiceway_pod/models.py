@@ -165,14 +165,14 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
     """Build the runner for a model spec (a :class:`ModelConfig` or a bare spec string)."""
     mc = ModelConfig(spec=cfg) if isinstance(cfg, str) else cfg
     spec = mc.spec
-    dev = device or pick_device()
-    if spec == "demo":
-        return TorchRunner(build_demo_module(), _specs(mc.inputs, DEMO_INPUTS), _specs(mc.outputs, DEMO_OUTPUTS), dev)
-    if spec.startswith("synthetic:"):
+    if spec.startswith("synthetic:"):  # no torch import: starts in well under a second
         generic_in = [TensorSpec("INPUT0", "FP32", (-1, -1))]
         generic_out = [TensorSpec("OUTPUT0", "FP32", (-1, -1))]
         return SyntheticRunner(float(spec.split(":", 1)[1]), _specs(mc.inputs, generic_in),
-                               _specs(mc.outputs, generic_out), dev)
+                               _specs(mc.outputs, generic_out), device or "cpu")
+    dev = device or pick_device()
+    if spec == "demo":
+        return TorchRunner(build_demo_module(), _specs(mc.inputs, DEMO_INPUTS), _specs(mc.outputs, DEMO_OUTPUTS), dev)
     if spec.endswith((".pt", ".pth", ".ts", ".torchscript")) or "/" in spec:
         import torch
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Generator
 
 import uvicorn
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from .app import build_app
 from .config import PodConfig
@@ -83,6 +83,7 @@ class _Server(uvicorn.Server):
 
 def run(config: PodConfig) -> int:
     """Serve until drained. Returns the process exit code."""
+    disable_created_metrics()
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
     plane = DataPlane(config, metrics)

@@ -37,7 +37,9 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _key_hashes(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> dict[str, str] | list[SecretProblem]:
+def _key_hashes(
+    kube: Kube, namespace: str, spec: InferenceServiceSpec
+) -> dict[str, str] | list[SecretProblem]:
     from sluiceway_pod.tenancy import hash_key
 
     hashes: dict[str, str] = {}
@@ -53,9 +55,7 @@ def _key_hashes(kube: Kube, namespace: str, spec: InferenceServiceSpec) -> dict[
     return problems or hashes
 
 
-def _builtin_replicas(
-    spec: InferenceServiceSpec, current: int, signals: Any, memo: Any
-) -> tuple[int, str]:
+def _builtin_replicas(spec: InferenceServiceSpec, current: int, signals: Any, memo: Any) -> tuple[int, str]:
     """Apply the shared scaling policy (``sluiceway_scaler.policy``)."""
     from sluiceway_scaler.policy import (
         ScaleDownPolicy,
@@ -71,7 +71,9 @@ def _builtin_replicas(
         max_replicas=a.max_replicas,
         target_queue_per_replica=float(a.target_queue_depth_per_replica),
         target_wait_p95=parse_duration(a.target_wait_p95),
-        scale_up=ScaleUpPolicy(max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)),
+        scale_up=ScaleUpPolicy(
+            max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)
+        ),
         scale_down=ScaleDownPolicy(
             stabilization_window=parse_duration(a.scale_down.stabilization_window),
             max_pods=a.scale_down.max_pods_per_period,
@@ -137,7 +139,9 @@ def reconcile(
                 if prom_url and prom_error is None:
                     signals = Signals(queue_depth=readings.get("queue") or 0.0, wait_p95=readings.get("wait"))
                 else:
-                    signals = Signals(queue_depth=None, ok=False, detail=prom_error or "Prometheus not configured")
+                    signals = Signals(
+                        queue_depth=None, ok=False, detail=prom_error or "Prometheus not configured"
+                    )
                 replicas, builtin_note = _builtin_replicas(spec, current, signals, memo)
             hashes = _key_hashes(kube, namespace, spec)
             if isinstance(hashes, list):
@@ -200,13 +204,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
     if kube is not None:
         holder["kube"] = kube
 
+    @kopf.on.login(registry=registry)
+    def _login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A custom registry does not get kopf's default login handlers: use the kubernetes client's
+        # configuration (in-cluster ServiceAccount, else KUBECONFIG / ~/.kube/config).
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         apply_kopf_settings(settings)
         if "kube" not in holder:
             holder["kube"] = Kube()
 
-    def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    def _reconcile(
+        body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+    ) -> None:
         reconcile(body, patch, memo, logger, config, holder["kube"])
 
     for decorator in (
@@ -214,7 +226,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
         kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile-update", registry=registry),
         kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile-resume", registry=registry),
         kopf.timer(
-            GROUP, VERSION, PLURAL, id="drift", interval=config.drift_interval, initial_delay=config.drift_interval,
+            GROUP,
+            VERSION,
+            PLURAL,
+            id="drift",
+            interval=config.drift_interval,
+            initial_delay=config.drift_interval,
             registry=registry,
         ),
     ):

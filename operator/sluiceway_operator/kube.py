@@ -14,7 +14,9 @@ autoscaler owns ``spec.replicas`` the operator never touches it).
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
+import json
 import threading
 import time
 import uuid
@@ -72,12 +74,13 @@ class Kube:
 
     def __init__(self, api_client: Any | None = None, crd_cache_seconds: float = 30.0) -> None:
         if api_client is None:
+            config: Any = kubernetes.config
             try:
-                kubernetes.config.load_incluster_config()
-            except kubernetes.config.ConfigException:
-                kubernetes.config.load_kube_config()
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
             api_client = kubernetes.client.ApiClient()
-        self.api = api_client
+        self.api: Any = api_client
         self._crd_cache: dict[str, tuple[float, bool]] = {}
         self._crd_ttl = crd_cache_seconds
         self._lock = threading.Lock()
@@ -93,21 +96,26 @@ class Kube:
         content_type: str = "application/json",
     ) -> Any:
         try:
-            return self.api.call_api(
-                path,
-                method,
+            params = self.api.param_serialize(
+                method=method,
+                resource_path=path,
                 query_params=query or [],
                 header_params={"Content-Type": content_type, "Accept": "application/json"},
                 body=body,
-                response_type="object",
                 auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=30,
             )
+            resp = self.api.call_api(*params, _request_timeout=30)
+            data = resp.read()
         except ApiException as err:
             raise ApiError(f"{method} {path}: {err.status} {err.reason}: {err.body}", err.status) from None
         except OSError as err:  # connection problems
             raise ApiError(f"{method} {path}: {err}") from None
+        if not 200 <= resp.status < 300:
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+            with contextlib.suppress(ValueError, AttributeError):
+                text = str(json.loads(text)["message"])  # a metav1.Status: its message is the point
+            raise ApiError(f"{method} {path}: {resp.status} {resp.reason}: {text[:2000]}", resp.status)
+        return json.loads(data) if data else None
 
     # -- children -------------------------------------------------------------------------------
 
@@ -161,7 +169,9 @@ class Kube:
         try:
             value = base64.b64decode(data[key]).decode("utf-8").rstrip()
         except (ValueError, UnicodeDecodeError):
-            return SecretProblem("SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text")
+            return SecretProblem(
+                "SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text"
+            )
         if not value:
             return SecretProblem("SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is empty")
         return value
@@ -210,7 +220,5 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        try:
+        with contextlib.suppress(ApiError):
             self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
-        except ApiError:
-            pass

@@ -15,7 +15,7 @@ import math
 import urllib.parse
 import urllib.request
 
-__all__ = ["PrometheusError", "queue_depth_query", "query_scalar", "wait_p95_query"]
+__all__ = ["PrometheusError", "query_scalar", "queue_depth_query", "wait_p95_query"]
 
 
 class PrometheusError(RuntimeError):
@@ -48,7 +48,7 @@ def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | No
     """Run an instant query. ``None`` when the result is empty or NaN; raises PrometheusError."""
     url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - URL from config
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             payload = json.loads(resp.read())
     except (OSError, ValueError) as err:
         raise PrometheusError(f"query to {base_url} failed: {err}") from err

@@ -21,6 +21,7 @@ ServiceMonitor            ``<name>``          if the Prometheus-operator CRD exi
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 from collections.abc import Mapping
@@ -252,7 +253,7 @@ def build_keys_secret(owner: Owner, keys: str) -> dict[str, Any]:
         "kind": "Secret",
         "metadata": _metadata(owner, f"{owner.name}-keys"),
         "type": "Opaque",
-        "stringData": {KEYS_FILE: keys},
+        "data": {KEYS_FILE: base64.b64encode(keys.encode()).decode()},
     }
 
 
@@ -334,9 +335,7 @@ def build_deployment(
         if p.node_selector:
             pod_spec["nodeSelector"] = dict(p.node_selector)
         if p.tolerations:
-            pod_spec["tolerations"] = [
-                t.model_dump(by_alias=True, exclude_none=True) for t in p.tolerations
-            ]
+            pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in p.tolerations]
         if p.affinity:
             pod_spec["affinity"] = p.affinity
         if p.priority_class_name:
@@ -412,7 +411,11 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "stabilizationWindowSeconds": _seconds(a.scale_up.stabilization_window),
             "selectPolicy": "Max",
             "policies": [
-                {"type": "Pods", "value": a.scale_up.max_pods_per_period, "periodSeconds": _seconds(a.scale_up.period)},
+                {
+                    "type": "Pods",
+                    "value": a.scale_up.max_pods_per_period,
+                    "periodSeconds": _seconds(a.scale_up.period),
+                },
                 {
                     "type": "Percent",
                     "value": a.scale_up.max_percent_per_period,

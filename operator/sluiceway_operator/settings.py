@@ -8,6 +8,7 @@ Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluste
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,7 +58,11 @@ def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
         prefix=DOMAIN, key="last-handled-configuration"
     )
     settings.peering.standalone = True
+    # The CRD is installed before the operator (chart crds/); no need to watch CRDs and namespaces,
+    # which would need cluster-wide list/watch permissions.
+    settings.scanning.disabled = True
     settings.posting.enabled = True
+    settings.posting.level = logging.WARNING
     # Short watch timeouts: reconnects are cheap and repair lost watches quickly.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150

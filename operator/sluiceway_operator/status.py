@@ -83,7 +83,10 @@ def _available(o: Observed) -> Cond:
 def _autoscaling(o: Observed) -> Cond:
     if o.engine == "none":
         return Cond(
-            "AutoscalingReady", "True", "AutoscalingDisabled", f"replicas fixed at {o.spec_replicas} by spec.replicas"
+            "AutoscalingReady",
+            "True",
+            "AutoscalingDisabled",
+            f"replicas fixed at {o.spec_replicas} by spec.replicas",
         )
     if o.engine in ("keda", "prometheus"):
         if not o.keda_installed:
@@ -95,10 +98,17 @@ def _autoscaling(o: Observed) -> Cond:
                 "autoscaling.engine to builtin or none",
             )
         if o.scaled_object is None:
-            return Cond("AutoscalingReady", "Unknown", "ScaledObjectMissing", "the ScaledObject does not exist yet")
+            return Cond(
+                "AutoscalingReady", "Unknown", "ScaledObjectMissing", "the ScaledObject does not exist yet"
+            )
         ready = _find((o.scaled_object.get("status") or {}).get("conditions"), "Ready")
         if ready is None or ready.get("status") in (None, "Unknown"):
-            return Cond("AutoscalingReady", "Unknown", "ScaledObjectPending", "waiting for KEDA to report on the ScaledObject")
+            return Cond(
+                "AutoscalingReady",
+                "Unknown",
+                "ScaledObjectPending",
+                "waiting for KEDA to report on the ScaledObject",
+            )
         return Cond(
             "AutoscalingReady",
             str(ready["status"]),
@@ -114,14 +124,20 @@ def _autoscaling(o: Observed) -> Cond:
             "engine builtin needs autoscaling.prometheusAddress or the operator's --prometheus-url",
         )
     if o.prometheus_error is not None:
-        return Cond("AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}")
-    return Cond("AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment")
+        return Cond(
+            "AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}"
+        )
+    return Cond(
+        "AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment"
+    )
 
 
 def _ready(parts: Sequence[Cond]) -> Cond:
     for c in parts:
         if c.status == "False" or (c.status == "Unknown" and c.type != "AutoscalingReady"):
-            return Cond("Ready", "False" if c.status == "False" else "Unknown", c.reason, f"{c.type}: {c.message}")
+            return Cond(
+                "Ready", "False" if c.status == "False" else "Unknown", c.reason, f"{c.type}: {c.message}"
+            )
     return Cond("Ready", "True", "Ready", "configured, available and autoscaled as asked")
 
 

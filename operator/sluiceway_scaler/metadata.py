@@ -13,12 +13,14 @@ namespace                      ref's ns  its namespace (label ``namespace``)
 prometheusAddress              required  ``http(s)://host:port`` of Prometheus
 targetQueueDepthPerReplica     --        queued requests one replica may hold
 targetWaitP95                  --        target queue-wait p95: ``500ms``, ``2s``, ``1m`` or seconds
+targetWaitP95Seconds           --        the same in seconds (what the operator renders)
 minReplicas                    1         lower bound of the decision
 maxReplicas                    100       upper bound of the decision
-scaleDownStabilizationSeconds  300       window for slow scale-down (0..3600)
-scaleDownPods                  --        at most this many pods removed per period
-scaleDownPeriodSeconds         60        the period of ``scaleDownPods``
-scaleUpPods / scaleUpPercent   --        scale-up step limit (the larger of the two applies)
+scaleDownWindowSeconds         300       window for slow scale-down (0..3600)
+scaleDownMaxPods               --        at most this many pods removed per period
+scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``
+scaleUpMaxPods                 --        scale-up step limit in pods ...
+scaleUpMaxPercent              --        ... or percent (the larger of the two applies)
 rateWindow                     1m        PromQL range for ``rate()`` and the wait quantile
 queryTimeout                   5s        timeout of each Prometheus query
 podMetricsUrls                 --        comma-separated pod ``/metrics`` URLs for StreamIsActive
@@ -43,8 +45,8 @@ __all__ = ["KNOWN_KEYS", "TriggerConfig", "parse_duration", "parse_metadata"]
 KNOWN_KEYS = frozenset(
     {
         "inferenceService", "namespace", "prometheusAddress", "targetQueueDepthPerReplica",
-        "targetWaitP95", "minReplicas", "maxReplicas", "scaleDownStabilizationSeconds",
-        "scaleDownPods", "scaleDownPeriodSeconds", "scaleUpPods", "scaleUpPercent", "rateWindow",
+        "targetWaitP95", "targetWaitP95Seconds", "minReplicas", "maxReplicas", "scaleDownWindowSeconds",
+        "scaleDownMaxPods", "scaleDownPeriodSeconds", "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
         "queryTimeout", "podMetricsUrls", "activationPollInterval",
         # Passed through by KEDA for the external trigger itself; ignored here.
         "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "unsafeSsl",
@@ -164,6 +166,10 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
 
     q_target = _float(metadata, "targetQueueDepthPerReplica", None, 1e-6, 1e6)
     w_target = _duration(metadata, "targetWaitP95", None, 0.001, 3600)
+    w_seconds = _float(metadata, "targetWaitP95Seconds", None, 0.001, 3600)
+    if w_target is not None and w_seconds is not None and abs(w_target - w_seconds) > 1e-9:
+        raise InvalidMetadata("targetWaitP95Seconds", "disagrees with targetWaitP95; set one of them")
+    w_target = w_target if w_target is not None else w_seconds
     if q_target is None and w_target is None:
         raise InvalidMetadata(
             "targetQueueDepthPerReplica", "set targetQueueDepthPerReplica and/or targetWaitP95"
@@ -176,11 +182,11 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         raise InvalidMetadata("maxReplicas", f"must be >= minReplicas ({lo}), got {hi}")
 
     # KEDA accepts stabilisation windows above 3600 s and then fails silently (kedacore/keda#4976).
-    window = _duration(metadata, "scaleDownStabilizationSeconds", 300.0, 0, 3600)
-    down_pods = _int(metadata, "scaleDownPods", None, 1, 10_000)
+    window = _duration(metadata, "scaleDownWindowSeconds", 300.0, 0, 3600)
+    down_pods = _int(metadata, "scaleDownMaxPods", None, 1, 10_000)
     period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)
-    up_pods = _int(metadata, "scaleUpPods", None, 1, 10_000)
-    up_pct = _float(metadata, "scaleUpPercent", None, 1, 10_000)
+    up_pods = _int(metadata, "scaleUpMaxPods", None, 1, 10_000)
+    up_pct = _float(metadata, "scaleUpMaxPercent", None, 1, 10_000)
     assert window is not None and period is not None
 
     rate_window = _str(metadata, "rateWindow") or "1m"

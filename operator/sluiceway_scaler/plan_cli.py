@@ -90,7 +90,8 @@ def run_plan(args: argparse.Namespace) -> int:
         service = service if service is not None else stats.service_time
         if conc is None and args.replicas is None:
             conc = stats.concurrency
-        source = f"read from {args.prometheus} for {args.namespace}/{args.inference_service} over {args.window}"
+        where = f"{args.namespace}/{args.inference_service}"
+        source = f"read from {args.prometheus} for {where} over {args.window}"
     missing = [n for n, v in (("--arrival-rate", rate), ("--service-time", service)) if v is None]
     if missing:
         where = " (Prometheus had no data for it)" if args.prometheus else ""

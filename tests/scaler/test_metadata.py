@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sluiceway_scaler.errors import InvalidMetadata
 from sluiceway_scaler.metadata import parse_duration, parse_metadata
 
@@ -30,10 +29,20 @@ def test_good_metadata_and_defaults() -> None:
 
 def test_overrides() -> None:
     cfg = parse_metadata(
-        GOOD | {"namespace": "other", "minReplicas": "0", "maxReplicas": "7", "scaleDownStabilizationSeconds": "5",
-                "scaleDownPods": "2", "scaleUpPercent": "50", "rateWindow": "5s", "queryTimeout": "1s",
-                "podMetricsUrls": "http://127.0.0.1:1/metrics, http://127.0.0.1:2/metrics",
-                "activationPollInterval": "200ms", "scalerAddress": "scaler:9090"},
+        GOOD
+        | {
+            "namespace": "other",
+            "minReplicas": "0",
+            "maxReplicas": "7",
+            "scaleDownWindowSeconds": "5",
+            "scaleDownMaxPods": "2",
+            "scaleUpMaxPercent": "50",
+            "rateWindow": "5s",
+            "queryTimeout": "1s",
+            "podMetricsUrls": "http://127.0.0.1:1/metrics, http://127.0.0.1:2/metrics",
+            "activationPollInterval": "200ms",
+            "scalerAddress": "scaler:9090",
+        },
         "team-a",
     )
     assert cfg.namespace == "other"
@@ -44,7 +53,9 @@ def test_overrides() -> None:
     assert cfg.activation_poll_interval == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("2s", 2), ("1.5m", 90), ("1h", 3600), ("3", 3)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("500ms", 0.5), ("2s", 2), ("1.5m", 90), ("1h", 3600), ("3", 3)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
@@ -62,9 +73,10 @@ def test_durations(text: str, seconds: float) -> None:
         ({"targetQueueDepthPerReplica": "0"}, "a", "targetQueueDepthPerReplica"),
         ({"targetQueueDepthPerReplica": "nan"}, "a", "targetQueueDepthPerReplica"),
         ({"targetWaitP95": "soon"}, "a", "targetWaitP95"),
+        ({"targetWaitP95Seconds": "2"}, "a", "targetWaitP95Seconds"),  # disagrees with 500ms
         ({"minReplicas": "-1"}, "a", "minReplicas"),
         ({"minReplicas": "5", "maxReplicas": "2"}, "a", "maxReplicas"),
-        ({"scaleDownStabilizationSeconds": "7200"}, "a", "scaleDownStabilizationSeconds"),
+        ({"scaleDownWindowSeconds": "7200"}, "a", "scaleDownWindowSeconds"),
         ({"rateWindow": "1 minute"}, "a", "rateWindow"),
         ({"podMetricsUrls": "ftp://x/metrics"}, "a", "podMetricsUrls"),
         ({"targetQueueDepth": "4"}, "a", "targetQueueDepth"),  # typo: unknown key
@@ -76,3 +88,26 @@ def test_bad_metadata_names_the_key(change: dict[str, str | None], ns: str, fiel
         parse_metadata(md, ns)
     assert e.value.field == field
     assert f"scalerMetadata.{field}" in str(e.value)
+
+
+def test_operator_rendered_metadata_is_accepted() -> None:
+    # The keys operator/sluiceway_operator/render.py puts on the external trigger.
+    md = {
+        "scalerAddress": "sluiceway-scaler.sluiceway-system:9090",
+        "namespace": "team-a",
+        "inferenceService": "demo",
+        "targetQueueDepthPerReplica": "4",
+        "targetWaitP95Seconds": "0.5",
+        "minReplicas": "1",
+        "maxReplicas": "8",
+        "scaleUpMaxPods": "4",
+        "scaleUpMaxPercent": "100",
+        "scaleDownWindowSeconds": "300",
+        "scaleDownMaxPods": "1",
+        "scaleDownPeriodSeconds": "60",
+        "prometheusAddress": "http://prometheus.monitoring:9090",
+    }
+    cfg = parse_metadata(md, "team-a")
+    assert cfg.spec.target_wait_p95 == 0.5
+    assert cfg.spec.scale_up.max_pods == 4 and cfg.spec.scale_up.max_percent == 100
+    assert cfg.spec.scale_down.stabilization_window == 300 and cfg.spec.scale_down.max_pods == 1

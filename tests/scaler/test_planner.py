@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sluiceway_scaler.planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +63,12 @@ def test_overload_is_reported_not_hidden() -> None:
 
 @pytest.mark.parametrize(
     ("args", "kw"),
-    [((0.0, 1.0, 1.0), {}), ((1.0, -1.0, 1.0), {}), ((1.0, 1.0, 0.0), {}), ((1.0, 1.0, 1.0), {"concurrency": 0})],
+    [
+        ((0.0, 1.0, 1.0), {}),
+        ((1.0, -1.0, 1.0), {}),
+        ((1.0, 1.0, 0.0), {}),
+        ((1.0, 1.0, 1.0), {"concurrency": 0}),
+    ],
 )
 def test_bad_input(args: tuple[float, float, float], kw: dict[str, int]) -> None:
     with pytest.raises(ValueError):
@@ -75,7 +79,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'inference-pod'}{os.pathsep}{ROOT / 'operator'}")
     return subprocess.run(
         [sys.executable, "-m", "sluiceway_scaler.plan_cli", "plan", *args],
-        capture_output=True, text=True, env=env, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
     )
 
 

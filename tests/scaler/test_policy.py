@@ -55,8 +55,12 @@ def test_raw_combination_and_bounds(queue: float, wait: float | None, current: i
 
 
 def test_min_zero_allows_zero() -> None:
-    spec = ScalingSpec(min_replicas=0, max_replicas=5, target_queue_per_replica=2,
-                       scale_down=ScaleDownPolicy(stabilization_window=0))
+    spec = ScalingSpec(
+        min_replicas=0,
+        max_replicas=5,
+        target_queue_per_replica=2,
+        scale_down=ScaleDownPolicy(stabilization_window=0),
+    )
     d = desired_replicas(Signals(queue_depth=0), spec, 3, ScaleHistory(), 0.0)
     assert d.replicas == 0
 
@@ -67,8 +71,12 @@ def test_scale_up_is_immediate() -> None:
 
 
 def test_scale_up_step_limit_pods_or_percent_whichever_larger() -> None:
-    spec = ScalingSpec(min_replicas=1, max_replicas=100, target_queue_per_replica=1,
-                       scale_up=ScaleUpPolicy(max_pods=2, max_percent=100))
+    spec = ScalingSpec(
+        min_replicas=1,
+        max_replicas=100,
+        target_queue_per_replica=1,
+        scale_up=ScaleUpPolicy(max_pods=2, max_percent=100),
+    )
     # from 1: max(1+2, 2) = 3; from 3: max(5, 6) = 6; from 6: max(8, 12) = 12; then 40 reached
     ds = run([(t, Signals(40)) for t in range(5)], spec)
     assert [d.replicas for d in ds] == [3, 6, 12, 24, 40]
@@ -106,15 +114,25 @@ def test_flapping_input_does_not_scale_down_inside_window() -> None:
 
 
 def test_stabilised_value_is_highest_recommendation_in_window() -> None:
-    seq = [(0.0, Signals(40)), (100.0, Signals(20)), (200.0, Signals(8)), (310.0, Signals(0)),
-           (410.0, Signals(0)), (510.0, Signals(0))]
+    seq = [
+        (0.0, Signals(40)),
+        (100.0, Signals(20)),
+        (200.0, Signals(8)),
+        (310.0, Signals(0)),
+        (410.0, Signals(0)),
+        (510.0, Signals(0)),
+    ]
     ds = run(seq)
     assert [d.replicas for d in ds] == [10, 10, 10, 5, 2, 1]
 
 
 def test_scale_down_rate_limit_pods_per_period() -> None:
-    spec = ScalingSpec(min_replicas=1, max_replicas=20, target_queue_per_replica=1,
-                       scale_down=ScaleDownPolicy(stabilization_window=0, max_pods=2, period=60))
+    spec = ScalingSpec(
+        min_replicas=1,
+        max_replicas=20,
+        target_queue_per_replica=1,
+        scale_down=ScaleDownPolicy(stabilization_window=0, max_pods=2, period=60),
+    )
     seq = [(0.0, Signals(10))] + [(float(t), Signals(0)) for t in range(30, 400, 30)]
     ds = run(seq, spec)
     replicas = [d.replicas for d in ds]
@@ -183,8 +201,12 @@ def test_history_is_pruned_and_input_unchanged() -> None:
         {"min_replicas": 1, "max_replicas": 2},
         {"min_replicas": 1, "max_replicas": 2, "target_queue_per_replica": 0},
         {"min_replicas": 1, "max_replicas": 2, "target_wait_p95": -1},
-        {"min_replicas": 1, "max_replicas": 2, "target_wait_p95": 1,
-         "scale_down": ScaleDownPolicy(stabilization_window=-1)},
+        {
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_wait_p95": 1,
+            "scale_down": ScaleDownPolicy(stabilization_window=-1),
+        },
     ],
 )
 def test_bad_spec_rejected(kwargs: dict[str, object]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import stubs
 

@@ -1,0 +1,1 @@
+"""Sluiceway benchmarks: an open-loop load generator, baselines and the benchmark drivers."""

@@ -1,0 +1,1 @@
+"""Sluiceway autoscaling: the shared scaling policy, the KEDA external scaler, the capacity planner."""

@@ -1,0 +1,516 @@
+"""The operator against a real control plane (etcd + kube-apiserver + kube-controller-manager).
+
+The operator runs for real (``python -m sluiceway_operator.cli run``) in a subprocess, authenticated
+as a ServiceAccount bound to the chart's least-privilege ClusterRole, with a 2-second drift timer.
+A stand-in ``scaledobjects.keda.sh`` CRD (schema-less) is installed so the operator's KEDA path runs;
+no KEDA controller exists, so ScaledObjects never report Ready.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import ROOT, ControlPlane, wait_for, write_kubeconfig
+from operator_support import load_crd
+from sluiceway_operator.kube import ApiError, Kube
+from sluiceway_pod.tenancy import hash_key
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(600)]
+
+NS = "sluiceway-e2e"
+OP_NS = "sluiceway-system"
+GVP = "/apis/sluiceway.io/v1alpha1/namespaces/{ns}/inferenceservices"
+
+KEDA_STANDIN_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "scaledobjects.keda.sh"},
+    "spec": {
+        "group": "keda.sh",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "ScaledObject",
+            "plural": "scaledobjects",
+            "singular": "scaledobject",
+            "listKind": "ScaledObjectList",
+        },
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+class Admin:
+    """Raw admin calls (cluster setup and assertions), through the operator's own facade."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def call(
+        self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
+    ) -> Any:
+        ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
+        return self.kube._call(method, path, body=body, query=query, content_type=ctype)
+
+    def get(self, path: str) -> Any:
+        try:
+            return self.call("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create(self, path: str, body: Any, dry_run: bool = False) -> Any:
+        return self.call("POST", path, body=body, query=[("dryRun", "All")] if dry_run else None)
+
+
+def _establish(admin: Admin, crd: dict[str, Any]) -> None:
+    name = crd["metadata"]["name"]
+    if admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is None:
+        admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+    def established() -> bool:
+        obj = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conds = (obj or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 30, what=f"CRD {name} established")
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane: ControlPlane) -> Admin:
+    a = Admin(Kube(control_plane.client()))
+    _establish(a, load_crd())
+    _establish(a, KEDA_STANDIN_CRD)
+    for ns in (NS, OP_NS):
+        if a.get(f"/api/v1/namespaces/{ns}") is None:
+            a.create(
+                "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            )
+    return a
+
+
+def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
+    """A ServiceAccount bound to the chart's ClusterRole rules; its token in a kubeconfig."""
+    rules = yaml.safe_load((ROOT / "charts" / "sluiceway" / "files" / "operator-rules.yaml").read_text())
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "sluiceway-operator", "namespace": OP_NS},
+    }
+    admin.create(f"/api/v1/namespaces/{OP_NS}/serviceaccounts", sa)
+    admin.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "sluiceway-operator"},
+            "rules": rules,
+        },
+    )
+    admin.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "sluiceway-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "sluiceway-operator",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "sluiceway-operator", "namespace": OP_NS}],
+        },
+    )
+    token = admin.create(
+        f"/api/v1/namespaces/{OP_NS}/serviceaccounts/sluiceway-operator/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200},
+        },
+    )["status"]["token"]
+    path = control_plane.workdir / "operator.kubeconfig"
+    write_kubeconfig(path, control_plane.server, token)
+    return path
+
+
+@pytest.fixture(scope="module")
+def operator_process(control_plane: ControlPlane, admin: Admin) -> Iterator[Path]:
+    kubeconfig = _operator_kubeconfig(control_plane, admin)
+    log = control_plane.workdir / "operator.log"
+    env = dict(
+        os.environ,
+        KUBECONFIG=str(kubeconfig),
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "operator"), str(ROOT / "inference-pod"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    cmd = [sys.executable, "-m", "sluiceway_operator.cli", "run", "-n", NS, "--drift-interval", "2", "-v"]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        try:
+            time.sleep(1)
+            if proc.poll() is not None:
+                pytest.fail(f"operator exited: {log.read_text()[-3000:]}")
+            yield log
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
+    assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+
+
+def _isvc(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {
+            "image": "registry.example/sluiceway-pod:test",
+            "format": "synthetic",
+            "source": "synthetic:10",
+        }
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "sluiceway.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": base,
+    }
+
+
+def _path(name: str = "") -> str:
+    p = GVP.format(ns=NS)
+    return f"{p}/{name}" if name else p
+
+
+def _cond(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c
+    return None
+
+
+def _secret(admin: Admin, name: str, value: str) -> None:
+    admin.create(
+        f"/api/v1/namespaces/{NS}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "data": {"key": base64.b64encode(value.encode()).decode()},
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------------ CRD
+
+
+def test_crd_accepted_with_defaults(admin: Admin) -> None:
+    created = admin.create(_path(), _isvc("defaults-only"), dry_run=True)
+    spec = created["spec"]
+    assert spec["autoscaling"]["engine"] == "keda"
+    assert spec["timeouts"] == {"queue": "5s", "request": "35s", "drain": "30s"}
+    assert spec["priorities"]["classes"] == ["critical", "standard", "batch"]
+    assert spec["concurrency"]["permits"] == "auto"
+    crd = admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.sluiceway.io")
+    assert crd["spec"]["names"]["shortNames"] == ["infsvc"]
+    assert crd["spec"]["names"]["categories"] == ["sluiceway"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+            "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+        ),
+        (
+            {"timeouts": {"queue": "10s", "request": "5s"}},
+            "timeouts.queue must be shorter than timeouts.request",
+        ),
+        (
+            {"priorities": {"classes": ["a", "b", "a"], "default": "a"}},
+            "priorities.classes names must be unique",
+        ),
+        (
+            {"priorities": {"classes": ["a"], "default": "z"}},
+            "priorities.default must be one of priorities.classes",
+        ),
+        (
+            {
+                "tenants": [
+                    {"name": "t", "keySecretRef": {"name": "s"}},
+                    {"name": "t", "keySecretRef": {"name": "u"}},
+                ]
+            },
+            "tenant names must be unique",
+        ),
+        (
+            {"tenants": [{"name": "t", "keySecretRef": {"name": "s"}, "maxPriority": "vip"}]},
+            "every tenant's maxPriority must be one of priorities.classes",
+        ),
+        ({"tenants": [{"name": "t"}]}, "a tenant without keySecretRef can only be the anonymous tenant"),
+        (
+            {"access": {"allowAnonymous": False}},
+            "access.allowAnonymous is false but no tenant has a keySecretRef",
+        ),
+        ({"concurrency": {"permits": 0}}, "concurrency.permits must be 'auto' or an integer within 1..1024"),
+        ({"queue": {"maxDepth": "lots"}}, "queue.maxDepth must be 'auto' or an integer"),
+        (
+            {"model": {"image": "i", "format": "synthetic", "source": "model.pt"}},
+            "format synthetic needs source",
+        ),
+        (
+            {"autoscaling": {"scaleDown": {"stabilizationWindow": "2h"}}},
+            "stabilization windows must be at most 1h",
+        ),
+        ({"timeouts": {"queue": "1.5s"}}, "spec.timeouts.queue"),  # schema pattern: no floats
+        ({"autoscaling": {"engine": "hpa"}}, "Unsupported value"),
+    ],
+)
+def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ApiError) as info:
+        admin.create(_path(), _isvc("bad", **spec), dry_run=True)
+    assert info.value.status == 422
+    assert message in str(info.value)
+
+
+def test_name_must_be_a_dns_label(admin: Admin) -> None:
+    with pytest.raises(ApiError, match=r"metadata\.name must be a DNS-1035 label"):
+        admin.create(_path(), _isvc("9lives"), dry_run=True)
+
+
+# ------------------------------------------------------------------------------------------- operator
+
+
+def _children(admin: Admin, name: str) -> dict[str, Any]:
+    return {
+        "ConfigMap": admin.get(f"/api/v1/namespaces/{NS}/configmaps/{name}-config"),
+        "Secret": admin.get(f"/api/v1/namespaces/{NS}/secrets/{name}-keys"),
+        "Deployment": admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}"),
+        "Service": admin.get(f"/api/v1/namespaces/{NS}/services/{name}"),
+        "PodDisruptionBudget": admin.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/{name}"),
+        "ScaledObject": admin.get(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/{name}"),
+    }
+
+
+def _pods(admin: Admin, name: str) -> list[dict[str, Any]]:
+    sel = f"sluiceway.io/inferenceservice={name}"
+    return admin.call("GET", f"/api/v1/namespaces/{NS}/pods", query=[("labelSelector", sel)])["items"]
+
+
+def _replicasets(admin: Admin, name: str) -> list[dict[str, Any]]:
+    sel = f"sluiceway.io/inferenceservice={name}"
+    return admin.call("GET", f"/apis/apps/v1/namespaces/{NS}/replicasets", query=[("labelSelector", sel)])[
+        "items"
+    ]
+
+
+def _hash(admin: Admin, name: str) -> str:
+    dep = admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}")
+    return str(dep["spec"]["template"]["metadata"]["annotations"]["sluiceway.io/config-hash"])
+
+
+def test_lifecycle(admin: Admin, operator_process: Path) -> None:
+    """Create -> children with owner refs -> ReplicaSet and Pods -> spec change rolls -> drift repaired
+    -> status -> delete -> garbage collected."""
+    _secret(admin, "alpha-key", "alpha-secret-value\n")
+    spec = {
+        "replicas": 2,
+        "autoscaling": {"engine": "none"},
+        "tenants": [{"name": "alpha", "keySecretRef": {"name": "alpha-key"}, "rate": "10/s"}],
+    }
+    cr = admin.create(_path(), _isvc("lifecycle", **spec))
+    uid = cr["metadata"]["uid"]
+
+    children = wait_for(
+        lambda: (c := _children(admin, "lifecycle")) and all(c[k] for k in c if k != "ScaledObject") and c,
+        60,
+        what="children",
+    )
+    for kind, obj in children.items():
+        if kind == "ScaledObject":
+            assert obj is None  # engine none
+            continue
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["uid"], ref["kind"], ref["controller"]) == (uid, "InferenceService", True), kind
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        assert managers == {"sluiceway-operator"}, kind
+    keys = base64.b64decode(children["Secret"]["data"]["keys.txt"]).decode()
+    assert keys == f"{hash_key('alpha-secret-value')} alpha\n"
+    assert "alpha-secret-value" not in str(children)
+    cfg = yaml.safe_load(children["ConfigMap"]["data"]["config.yaml"])
+    assert cfg["tenants"]["tenants"][0] == {"name": "alpha", "rate": 10.0, "weight": 1}
+
+    # The Deployment controller and ReplicaSet controller are real: 2 Pods (Pending, no kubelet).
+    wait_for(lambda: len(_pods(admin, "lifecycle")) == 2, 60, what="2 pods")
+    assert all(p["status"].get("phase") == "Pending" for p in _pods(admin, "lifecycle"))
+
+    # Status.
+    def status_ok() -> dict[str, Any] | None:
+        obj = admin.get(_path("lifecycle"))
+        return obj if obj.get("status", {}).get("observedGeneration") == 1 else None
+
+    obj = wait_for(status_ok, 30, what="status of generation 1")
+    st = obj["status"]
+    assert _cond(obj, "ConfigValid")["status"] == "True"
+    assert _cond(obj, "AutoscalingReady")["reason"] == "AutoscalingDisabled"
+    assert _cond(obj, "Available")["status"] in ("False", "Unknown")  # pods never become ready
+    assert _cond(obj, "Ready")["status"] != "True"
+    assert st["endpoint"] == f"http://lifecycle.{NS}.svc:8080"
+    assert st["concurrency"] == "auto"
+    assert st["configHash"] == _hash(admin, "lifecycle")
+    wait_for(lambda: admin.get(_path("lifecycle"))["status"].get("replicas") == 2, 30, what="status.replicas")
+    # No finalizer (GC does the cleanup) and no kopf.zalando.org leftovers.
+    meta = admin.get(_path("lifecycle"))["metadata"]
+    assert not meta.get("finalizers")
+    assert not [k for k in meta.get("annotations", {}) if "kopf.zalando.org" in k]
+    assert "sluiceway.io/last-handled-configuration" in meta.get("annotations", {})
+
+    # Spec change -> new config -> new hash -> new ReplicaSet (a rollout).
+    old_hash = _hash(admin, "lifecycle")
+    admin.call(
+        "PATCH",
+        _path("lifecycle"),
+        body=[{"op": "replace", "path": "/spec/timeouts", "value": {"queue": "3s"}}],
+    )
+    wait_for(lambda: _hash(admin, "lifecycle") != old_hash, 30, what="config hash change")
+    cm = admin.get(f"/api/v1/namespaces/{NS}/configmaps/lifecycle-config")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["queue"]["timeoutSeconds"] == 3.0
+    wait_for(lambda: len(_replicasets(admin, "lifecycle")) == 2, 60, what="second ReplicaSet")
+    wait_for(lambda: admin.get(_path("lifecycle"))["status"].get("observedGeneration") == 2, 30, what="gen 2")
+
+    # Drift: a deleted Service comes back; an edited ConfigMap is put back.
+    svc_uid = children["Service"]["metadata"]["uid"]
+    admin.call("DELETE", f"/api/v1/namespaces/{NS}/services/lifecycle")
+    wait_for(
+        lambda: (
+            (s := admin.get(f"/api/v1/namespaces/{NS}/services/lifecycle"))
+            and s["metadata"]["uid"] != svc_uid
+        ),
+        30,
+        what="Service recreated",
+    )
+    cm_path = f"/api/v1/namespaces/{NS}/configmaps/lifecycle-config"
+    good = admin.get(cm_path)["data"]["config.yaml"]
+    admin.call(
+        "PATCH", cm_path, body=[{"op": "replace", "path": "/data/config.yaml", "value": "tampered: true\n"}]
+    )
+    wait_for(lambda: admin.get(cm_path)["data"]["config.yaml"] == good, 30, what="ConfigMap repaired")
+
+    # Deletion: the garbage collector removes every child and the pods.
+    admin.call("DELETE", _path("lifecycle"))
+    wait_for(lambda: not any(_children(admin, "lifecycle").values()), 60, what="children garbage-collected")
+    wait_for(lambda: not _pods(admin, "lifecycle"), 60, what="pods garbage-collected")
+
+
+def test_missing_secret_gives_config_invalid_and_leaves_children(
+    admin: Admin, operator_process: Path
+) -> None:
+    admin.create(_path(), _isvc("keyed", autoscaling={"engine": "none"}))
+    wait_for(lambda: _children(admin, "keyed")["Deployment"], 60, what="Deployment")
+    wait_for(lambda: admin.get(_path("keyed")).get("status", {}).get("configHash"), 30, what="configHash")
+    before = _hash(admin, "keyed")
+    cm_before = admin.get(f"/api/v1/namespaces/{NS}/configmaps/keyed-config")["data"]
+
+    tenants = [{"name": "beta", "keySecretRef": {"name": "beta-key"}}]
+    admin.call("PATCH", _path("keyed"), body=[{"op": "add", "path": "/spec/tenants", "value": tenants}])
+
+    def invalid() -> dict[str, Any] | None:
+        obj = admin.get(_path("keyed"))
+        c = _cond(obj, "ConfigValid")
+        return obj if c and c["status"] == "False" and obj["status"].get("observedGeneration") == 2 else None
+
+    obj = wait_for(invalid, 30, what="ConfigValid=False")
+    c = _cond(obj, "ConfigValid")
+    assert c["reason"] == "SecretNotFound"
+    assert f"Secret {NS}/beta-key does not exist" in c["message"]
+    assert _cond(obj, "Ready")["status"] == "False"
+    events = admin.call(
+        "GET", f"/api/v1/namespaces/{NS}/events", query=[("fieldSelector", "involvedObject.name=keyed")]
+    )["items"]
+    assert any(e["reason"] == "SecretNotFound" and e["type"] == "Warning" for e in events)
+    # Existing children untouched, across several drift-timer ticks.
+    time.sleep(5)
+    assert _hash(admin, "keyed") == before
+    assert admin.get(f"/api/v1/namespaces/{NS}/configmaps/keyed-config")["data"] == cm_before
+
+    # The Secret appears -> the timer picks it up -> valid, rolled out with the key hash.
+    _secret(admin, "beta-key", "beta-value")
+    wait_for(
+        lambda: _cond(admin.get(_path("keyed")), "ConfigValid")["status"] == "True", 30, what="valid again"
+    )
+    wait_for(lambda: _hash(admin, "keyed") != before, 30, what="rollout with key")
+    admin.call("DELETE", _path("keyed"))
+
+
+def test_keda_engine_creates_scaled_object_without_owning_replicas(
+    admin: Admin, operator_process: Path
+) -> None:
+    admin.create(_path(), _isvc("scaled", autoscaling={"engine": "keda", "minReplicas": 1, "maxReplicas": 3}))
+    so = wait_for(lambda: _children(admin, "scaled")["ScaledObject"], 60, what="ScaledObject")
+    assert so["spec"]["scaleTargetRef"]["name"] == "scaled"
+    assert so["spec"]["fallback"]["behavior"] == "currentReplicasIfHigher"
+    dep = wait_for(lambda: _children(admin, "scaled")["Deployment"], 30, what="Deployment")
+    owned = [m for m in dep["metadata"]["managedFields"] if m["manager"] == "sluiceway-operator"]
+    assert owned and all("f:replicas" not in str(m.get("fieldsV1", {}).get("f:spec", {})) for m in owned)
+    # Someone else (the HPA) scales: the operator's next applies leave it alone.
+    admin.call(
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{NS}/deployments/scaled/scale",
+        body=[{"op": "replace", "path": "/spec/replicas", "value": 3}],
+    )
+    time.sleep(5)  # two drift ticks
+    assert _children(admin, "scaled")["Deployment"]["spec"]["replicas"] == 3
+    obj = admin.get(_path("scaled"))
+    assert _cond(obj, "AutoscalingReady")["reason"] == "ScaledObjectPending"
+
+    # Switching the engine off prunes the ScaledObject.
+    admin.call(
+        "PATCH",
+        _path("scaled"),
+        body=[{"op": "replace", "path": "/spec/autoscaling/engine", "value": "none"}],
+    )
+    wait_for(lambda: _children(admin, "scaled")["ScaledObject"] is None, 30, what="ScaledObject pruned")
+    admin.call("DELETE", _path("scaled"))
+
+
+def test_builtin_engine_without_prometheus_reports_it(admin: Admin, operator_process: Path) -> None:
+    admin.create(
+        _path(), _isvc("builtin", autoscaling={"engine": "builtin", "minReplicas": 2, "maxReplicas": 4})
+    )
+
+    def reported() -> dict[str, Any] | None:
+        c = _cond(admin.get(_path("builtin")), "AutoscalingReady")
+        return c if c and c["reason"] == "PrometheusNotConfigured" else None
+
+    c = wait_for(reported, 30, what="AutoscalingReady=False")
+    assert c["status"] == "False"
+    # Signals missing: the policy holds; the Deployment starts at minReplicas.
+    dep = _children(admin, "builtin")["Deployment"]
+    assert dep["spec"]["replicas"] == 2
+    admin.call("DELETE", _path("builtin"))

@@ -1,0 +1,94 @@
+"""Pure status computation: conditions, reasons, transition times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluiceway_operator.status import Observed, compute_status, format_wait
+
+
+def _obs(**kw: Any) -> Observed:
+    base: dict[str, Any] = dict(
+        generation=3,
+        endpoint="http://a.n.svc:8080",
+        engine="none",
+        spec_replicas=1,
+        spec_permits="auto",
+        config_hash="abc",
+    )
+    base.update(kw)
+    return Observed(**base)
+
+
+def _conds(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+AVAILABLE_DEP = {
+    "spec": {"replicas": 2},
+    "status": {
+        "replicas": 2,
+        "readyReplicas": 2,
+        "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}],
+    },
+}
+
+
+def test_all_good_is_ready() -> None:
+    st = compute_status(_obs(deployment=AVAILABLE_DEP), None, "T0")
+    assert _conds(st) == {
+        "Ready": ("True", "Ready"),
+        "ConfigValid": ("True", "ConfigRendered"),
+        "Available": ("True", "MinimumReplicasAvailable"),
+        "AutoscalingReady": ("True", "AutoscalingDisabled"),
+    }
+    assert (st["observedGeneration"], st["replicas"], st["readyReplicas"]) == (3, 2, 2)
+    assert st["queueDepth"] is None and st["waitP95"] is None  # merge patch removes stale values
+
+
+def test_config_error_makes_ready_false_with_its_reason() -> None:
+    st = compute_status(
+        _obs(config_error=("SecretNotFound", "tenant a: Secret n/s does not exist")), None, "T0"
+    )
+    c = _conds(st)
+    assert c["ConfigValid"] == ("False", "SecretNotFound")
+    assert c["Ready"] == ("False", "SecretNotFound")
+
+
+def test_keda_missing() -> None:
+    st = compute_status(_obs(engine="keda", deployment=AVAILABLE_DEP, keda_installed=False), None, "T0")
+    assert _conds(st)["AutoscalingReady"] == ("False", "KedaNotInstalled")
+    assert _conds(st)["Ready"] == ("False", "KedaNotInstalled")
+
+
+def test_scaled_object_ready_is_mirrored() -> None:
+    so = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "ScaledObjectReady"}]}}
+    st = compute_status(
+        _obs(engine="keda", deployment=AVAILABLE_DEP, keda_installed=True, scaled_object=so), None, "T"
+    )
+    assert _conds(st)["AutoscalingReady"] == ("True", "ScaledObjectReady")
+    assert _conds(st)["Ready"][0] == "True"
+
+
+def test_transition_time_kept_until_status_changes() -> None:
+    first = compute_status(_obs(deployment=AVAILABLE_DEP), None, "T0")
+    second = compute_status(_obs(deployment=AVAILABLE_DEP), first["conditions"], "T1")
+    assert {c["lastTransitionTime"] for c in second["conditions"]} == {"T0"}
+    third = compute_status(
+        _obs(config_error=("InvalidSpec", "x"), deployment=AVAILABLE_DEP), second["conditions"], "T2"
+    )
+    times = {c["type"]: c["lastTransitionTime"] for c in third["conditions"]}
+    assert times == {"Ready": "T2", "ConfigValid": "T2", "Available": "T0", "AutoscalingReady": "T0"}
+
+
+def test_prometheus_readings() -> None:
+    st = compute_status(_obs(queue_depth=12.4, wait_p95=0.1234, live_permits=3.0), None, "T")
+    assert (st["queueDepth"], st["waitP95"], st["concurrency"]) == (12, "123ms", "3")
+    assert format_wait(2.5) == "2.5s"
+
+
+def test_builtin_signal_loss_is_reported() -> None:
+    st = compute_status(
+        _obs(engine="builtin", prometheus_configured=True, prometheus_error="timeout"), None, "T"
+    )
+    assert _conds(st)["AutoscalingReady"] == ("False", "SignalsUnavailable")

@@ -1,0 +1,36 @@
+"""Test-only models loaded by the pod through ``module:factory`` specs."""
+
+from __future__ import annotations
+
+import torch
+
+
+class OOMByValue(torch.nn.Module):
+    """Doubles its input, but simulates CUDA running out of memory by the first value of a batch:
+    7 -> out of memory on the first attempt only; 13 -> out of memory every time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen_seven = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = float(x.reshape(-1)[0])
+        if first == 13.0 or (first == 7.0 and not self.seen_seven):
+            self.seen_seven = self.seen_seven or first == 7.0
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return x * 2
+
+
+def oom_model() -> torch.nn.Module:
+    return OOMByValue()
+
+
+class Boom(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if float(x.reshape(-1)[0]) < 0:
+            raise RuntimeError("negative input breaks this model")
+        return x + 1
+
+
+def boom_model() -> torch.nn.Module:
+    return Boom()
