@@ -48,7 +48,8 @@ class SyntheticAPI(ls.LitAPI):  # type: ignore[misc]
         return self.runner.predict([{"INPUT0": x}])[0]["OUTPUT0"]
 
     def encode_response(self, output):  # type: ignore[no-untyped-def]
-        out = {"name": "OUTPUT0", "datatype": "FP32", "shape": list(output.shape), "data": output.ravel().tolist()}
+        data = output.ravel().tolist()
+        out = {"name": "OUTPUT0", "datatype": "FP32", "shape": list(output.shape), "data": data}
         return {"model_name": "demo", "model_version": "1", "outputs": [out]}
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from sluiceway_pod.models import SyntheticRunner, TensorSpec, example_request
 
-from .servers import CLIENT_CORE, RESULTS, SERVER_CORE, load_average, pin_self, pinning_possible
+from .loadgen import RunResult
+from .servers import CLIENT_CORE, RESULTS, SERVER_CORE, ServerProc, load_average, pin_self, pinning_possible
 
 
 def measure_mu(service_ms: float, seconds: float) -> dict[str, float]:
@@ -60,7 +61,7 @@ def machine_info() -> dict[str, Any]:
     try:
         import uvloop
 
-        loop = f"uvloop {uvloop.__version__}"
+        loop = f"uvloop {getattr(uvloop, '__version__', '?')}"
     except ImportError:
         loop = "asyncio"
     return {
@@ -73,7 +74,8 @@ def machine_info() -> dict[str, Any]:
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
@@ -91,3 +93,25 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 def median(xs: Sequence[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def window_probes(
+    srv: ServerProc, warmup: float, duration: float, *, computed: bool = False
+) -> dict[str, Any]:
+    """Probes at the measured window's edges: the server's CPU use and run-queue wait, and
+    optionally how many requests it has started computing."""
+    end = warmup + duration
+    probes: dict[str, Any] = {"cpu_start": (warmup, srv.cpu_probe), "cpu_end": (end, srv.cpu_probe)}
+    if computed:
+        probes["computed_start"] = (warmup, srv.computed)
+        probes["computed_end"] = (end, srv.computed)
+    return probes
+
+
+def server_load(res: RunResult) -> dict[str, float | None]:
+    """Server CPU use and run-queue wait during the window, as shares of the window's length."""
+    a, b = res.probes.get("cpu_start"), res.probes.get("cpu_end")
+    if not (isinstance(a, dict) and isinstance(b, dict) and "cpu_s" in a and "cpu_s" in b):
+        return {"server_cpu": None, "server_runq_wait": None}
+    return {"server_cpu": (b["cpu_s"] - a["cpu_s"]) / res.duration,
+            "server_runq_wait": (b["runq_wait_s"] - a["runq_wait_s"]) / res.duration}

@@ -33,7 +33,16 @@ from typing import Any
 
 from sluiceway_pod.config import build_config
 
-from .common import fmt, machine_info, measure_mu, save_results, setup_client, table
+from .common import (
+    fmt,
+    machine_info,
+    measure_mu,
+    save_results,
+    server_load,
+    setup_client,
+    table,
+    window_probes,
+)
 from .loadgen import (
     PRIORITY_HEADER,
     Record,
@@ -47,7 +56,16 @@ from .loadgen import (
     run_open_loop,
     run_sync,
 )
-from .servers import RESULTS, ServerProc, load_average, start_fastapi, start_pod
+from .servers import (
+    CLIENT_CORE,
+    RESULTS,
+    SERVER_CORE,
+    ServerProc,
+    cores,
+    load_average,
+    start_fastapi,
+    start_pod,
+)
 
 
 def stream_summary(records: Sequence[Record], duration: float, slo: float, service: float) -> dict[str, Any]:
@@ -92,14 +110,15 @@ def run_scenario(
     srv: ServerProc, streams: Sequence[Stream], ns: argparse.Namespace, slo: float, service: float
 ) -> dict[str, Any]:
     try:
-        res: RunResult = run_sync(run_open_loop(srv.infer_url, streams, duration=ns.duration, warmup=ns.warmup,
-                                                seed=ns.seed, max_inflight=ns.max_inflight))
+        res: RunResult = run_sync(run_open_loop(
+            srv.infer_url, streams, duration=ns.duration, warmup=ns.warmup, seed=ns.seed,
+            max_inflight=ns.max_inflight, probes=window_probes(srv, ns.warmup, ns.duration)))
     finally:
         rc = srv.stop()
     win = res.window()
     per = {s.name: stream_summary([r for r in win if r.stream == s.name], ns.duration, slo, service)
            for s in streams}
-    return {"server": srv.name, "streams": per, "run": res.to_json(), "server_exit": rc,
+    return {"server": srv.name, "streams": per, "run": res.to_json(), "server_exit": rc, **server_load(res),
             "server_params": srv.metadata, "log": str(srv.log_path)}
 
 
@@ -180,16 +199,17 @@ def isolation(ns: argparse.Namespace, mu: float, service: float, slo: float, run
         },
     })
     light = Stream("light", light_rate, {"Authorization": f"Bearer {keys['light']}"}, timeout_s=ns.timeout_f)
-    heavy = Stream("heavy", 10 * heavy_quota, {"Authorization": f"Bearer {keys['heavy']}"}, timeout_s=ns.timeout_f)
-    pin = {} if client_pinned() else {"core": None}
+    heavy = Stream("heavy", 10 * heavy_quota, {"Authorization": f"Bearer {keys['heavy']}"},
+                   timeout_s=ns.timeout_f)
+    core = SERVER_CORE if client_pinned() else None
     runs: list[dict[str, Any]] = []
     plan: list[tuple[str, str, list[Stream]]] = [("sluiceway", "alone", [light]),
                                                  ("sluiceway", "with heavy", [light, heavy])]
     if not ns.no_baseline:
         plan += [("fastapi", "alone", [light]), ("fastapi", "with heavy", [light, heavy])]
     for server, scenario, streams in plan:
-        srv = (start_pod(log_dir, config_file=cfg, **pin) if server == "sluiceway"
-               else start_fastapi(log_dir, service_ms=ns.service_ms, **pin))
+        srv = (start_pod(log_dir, config_file=cfg, core=core) if server == "sluiceway"
+               else start_fastapi(log_dir, service_ms=ns.service_ms, core=core))
         r = run_scenario(srv, streams, ns, slo, service)
         r["scenario"] = scenario
         runs.append(r)
@@ -197,7 +217,8 @@ def isolation(ns: argparse.Namespace, mu: float, service: float, slo: float, run
               + (f" | heavy {_brief(r['streams']['heavy'])}" if "heavy" in r["streams"] else ""), flush=True)
 
     print(f"\n## (f) tenant isolation: light {light_rate:.1f}/s (quota {2 * light_rate:.1f}/s), heavy "
-          f"{10 * heavy_quota:.1f}/s = 10x its quota of {heavy_quota:.1f}/s; good = 2xx within {ns.slo_ms:g} ms")
+          f"{10 * heavy_quota:.1f}/s = 10x its quota of {heavy_quota:.1f}/s; "
+          f"good = 2xx within {ns.slo_ms:g} ms")
     rows = []
     for r in runs:
         lt, hv = r["streams"]["light"], r["streams"].get("heavy")
@@ -205,9 +226,9 @@ def isolation(ns: argparse.Namespace, mu: float, service: float, slo: float, run
                      fmt(lt["p99_ms"], ".1f"), fmt(lt["max_ms"], ".1f"), fmt(lt["good_share"], ".3f"),
                      fmt_codes(lt["codes"]), fmt(hv["offered_rps"], ".1f") if hv else "-",
                      fmt(hv["ok_rps"], ".1f") if hv else "-", fmt_codes(hv["codes"]) if hv else "-",
-                     f"{r['run']['lag_share']:.2%}"])
+                     *_load_cols(r)])
     print(table(["server", "light", "offered/s", "p50 ms", "p99 ms", "max ms", "good share", "light codes",
-                 "heavy offered/s", "heavy 2xx/s", "heavy codes", "lag>1ms"], rows))
+                 "heavy offered/s", "heavy 2xx/s", "heavy codes", *LOAD_HEADERS], rows))
     verdicts = {}
     for server in dict.fromkeys(r["server"] for r in runs):
         alone = next(r for r in runs if r["server"] == server and r["scenario"] == "alone")
@@ -236,22 +257,22 @@ def priority(ns: argparse.Namespace, mu: float, service: float, slo: float, run_
     })
     high = Stream("high", 0.2 * mu, {PRIORITY_HEADER: "critical"}, timeout_s=ns.timeout_g)
     low = Stream("low", 3 * mu, {PRIORITY_HEADER: "batch"}, timeout_s=ns.timeout_g)
-    pin = {} if client_pinned() else {"core": None}
+    core = SERVER_CORE if client_pinned() else None
     plan: list[tuple[str, str, list[Stream]]] = [("sluiceway", "high alone", [high]),
                                                  ("sluiceway", "high + low", [high, low])]
     if not ns.no_baseline:
         plan.append(("fastapi", "high + low", [high, low]))
     runs: list[dict[str, Any]] = []
     for server, scenario, streams in plan:
-        srv = (start_pod(log_dir, config_file=cfg, **pin) if server == "sluiceway"
-               else start_fastapi(log_dir, service_ms=ns.service_ms, **pin))
+        srv = (start_pod(log_dir, config_file=cfg, core=core) if server == "sluiceway"
+               else start_fastapi(log_dir, service_ms=ns.service_ms, core=core))
         r = run_scenario(srv, streams, ns, slo, service)
         r["scenario"] = scenario
         runs.append(r)
         print(f"  {server} {scenario}: high {_brief(r['streams']['high'])}"
               + (f" | low {_brief(r['streams']['low'])}" if "low" in r["streams"] else ""), flush=True)
 
-    pod_params = next((r["server_params"] for r in runs if r["server"] == "sluiceway"), {})
+    pod_params: dict[str, Any] = next((r["server_params"] for r in runs if r["server"] == "sluiceway"), {})
     q = int(pod_params.get("max_queue", 0) or 0)
     n = int(pod_params.get("concurrency", 1) or 1)
     s_pod = float(pod_params.get("service_time_seconds", service) or service)
@@ -266,9 +287,9 @@ def priority(ns: argparse.Namespace, mu: float, service: float, slo: float, run_
                      fmt(hi["p99_ms"], ".1f"), fmt(hi["good_share"], ".3f"), fmt_codes(hi["codes"]),
                      fmt(lo["offered_rps"], ".1f") if lo else "-", fmt(lo["ok_rps"], ".1f") if lo else "-",
                      fmt(lo["p99_ms"], ".0f") if lo else "-", fmt(lo["max_wait_ms"], ".0f") if lo else "-",
-                     fmt_codes(lo["codes"]) if lo else "-", f"{r['run']['lag_share']:.2%}"])
+                     fmt_codes(lo["codes"]) if lo else "-", *_load_cols(r)])
     print(table(["server", "scenario", "high/s", "high p50", "high p99", "high good", "high codes", "low/s",
-                 "low 2xx/s", "low p99", "low max wait", "low codes"] + ["lag>1ms"], rows))
+                 "low 2xx/s", "low p99", "low max wait", "low codes", *LOAD_HEADERS], rows))
     mixed = next(r for r in runs if r["server"] == "sluiceway" and r["scenario"] == "high + low")
     lo = mixed["streams"]["low"]
     hi = mixed["streams"]["high"]
@@ -281,9 +302,17 @@ def priority(ns: argparse.Namespace, mu: float, service: float, slo: float, run_
     return {"config": str(cfg), "runs": runs, "aging_bound_s": bound, "queue_bound": q}
 
 
-def client_pinned() -> bool:
-    from .servers import CLIENT_CORE, cores
+LOAD_HEADERS = ["srv cpu", "srv runq", "lag>1ms"]
 
+
+def _load_cols(r: dict[str, Any]) -> list[str]:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0%}"
+
+    return [pct(r["server_cpu"]), pct(r["server_runq_wait"]), f"{r['run']['lag_share']:.2%}"]
+
+
+def client_pinned() -> bool:
     return cores() == {CLIENT_CORE}
 
 

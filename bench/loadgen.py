@@ -62,7 +62,7 @@ STATUS_NAMES = {CLIENT_TIMEOUT: "timeout", CONNECTION_ERROR: "conn_err", CLIENT_
 
 MAX_LAG_SHARE = 0.001  # more lagged requests than this makes the run invalid
 LAG_THRESHOLD = 0.001  # seconds
-EARLY_WAKE = 0.0015  # arm each timer this much early, then yield until the exact time
+EARLY_WAKE = 0.001  # arm each timer this much early, then yield until the exact time
 
 
 class LoadgenError(ValueError):
@@ -201,13 +201,12 @@ class _Runner:
         task.add_done_callback(self.tasks.discard)
 
     async def one(self, idx: int) -> None:
-        loop = asyncio.get_running_loop()
         t_rel, si = self.schedule[idx]
         stream = self.streams[si]
         sched = self.mono0 + t_rel  # measured on time.monotonic(): uvloop's loop.time() has 1 ms steps
         # The timer was armed EARLY_WAKE early (event-loop timers are only millisecond-precise):
         # yield to the loop until the scheduled time, then send.
-        while time.monotonic() < sched:
+        while time.monotonic() < sched:  # noqa: ASYNC110 - a deliberate sub-millisecond wait
             await asyncio.sleep(0)
         lag = time.monotonic() - sched
         if lag > LAG_THRESHOLD:
@@ -236,7 +235,8 @@ class _Runner:
             status, reason = CONNECTION_ERROR, type(e).__name__
         finally:
             self.inflight -= 1
-        self.records.append(Record(stream.name, t_rel, lag, time.monotonic() - sched, status, reason, ra, deg))
+        latency = time.monotonic() - sched
+        self.records.append(Record(stream.name, t_rel, lag, latency, status, reason, ra, deg))
 
 
 async def run_open_loop(
@@ -276,16 +276,18 @@ async def run_open_loop(
         await asyncio.sleep(max(0.0, runner.t0 + at - loop.time()))
         try:
             probe_results[name] = await fn()
-        except Exception as e:  # noqa: BLE001 - a failed probe is reported, not fatal
+        except Exception as e:
             probe_results[name] = {"error": f"{type(e).__name__}: {e}"}
 
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=None)
     wall0 = time.perf_counter()
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    no_timeout = aiohttp.ClientTimeout(total=None)  # each request has its own (asyncio.timeout_at)
+    async with aiohttp.ClientSession(connector=connector, timeout=no_timeout) as session:
         runner.session = session
         runner.t0 = loop.time() + 0.2  # time to arm every timer before the first send
         runner.mono0 = time.monotonic() + (runner.t0 - loop.time())
-        handles = [loop.call_at(runner.t0 + t - EARLY_WAKE, runner.spawn, i) for i, (t, _) in enumerate(schedule)]
+        handles = [loop.call_at(runner.t0 + t - EARLY_WAKE, runner.spawn, i)
+                   for i, (t, _) in enumerate(schedule)]
         for name, (at, fn) in (probes or {}).items():
             probe_tasks.append(loop.create_task(run_probe(name, at, fn)))
         try:
@@ -396,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loadgen: {e}", file=sys.stderr)
         return 2
     win = res.window()
-    good = [r for r in win if ok(r) and (ns.deadline_ms is None or r.latency is not None
-                                          and r.latency <= ns.deadline_ms / 1000.0)]
+    good = [r for r in win if ok(r) and (ns.deadline_ms is None or (r.latency is not None
+                                          and r.latency <= ns.deadline_ms / 1000.0))]
     lat = [r.latency for r in win if ok(r) and r.latency is not None]
     print(f"requests {len(win)} in {ns.duration:.1f}s (offered {len(win) / ns.duration:.1f}/s), "
           f"good {len(good) / ns.duration:.1f}/s")

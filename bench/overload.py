@@ -27,7 +27,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .common import fmt, machine_info, measure_mu, median, save_results, setup_client, table
+from .common import (
+    fmt,
+    machine_info,
+    measure_mu,
+    median,
+    save_results,
+    server_load,
+    setup_client,
+    table,
+    window_probes,
+)
 from .loadgen import (
     RunResult,
     Stream,
@@ -76,6 +86,7 @@ def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
         "client_lag_share": res.lag_share,
         "client_max_lag_ms": res.max_lag * 1000,
         "client_valid": res.valid,
+        **server_load(res),
     }
 
 
@@ -93,14 +104,16 @@ def run_point(server: str, k: float, mu: float, ns: argparse.Namespace, log_dir:
     srv: ServerProc = STARTERS[kind](log_dir, **kwargs)
     try:
         stream = Stream("main", k * mu, {}, deadline_ms=ns.deadline_ms, timeout_s=ns.deadline_ms / 1000.0)
-        probes = {"computed_start": (ns.warmup, srv.computed), "computed_end": (ns.warmup + ns.duration, srv.computed)}
-        res: RunResult = run_sync(run_open_loop(srv.infer_url, [stream], duration=ns.duration, warmup=ns.warmup,
-                                                seed=ns.seed, probes=probes, max_inflight=ns.max_inflight))
+        probes = window_probes(srv, ns.warmup, ns.duration, computed=True)
+        res: RunResult = run_sync(run_open_loop(
+            srv.infer_url, [stream], duration=ns.duration, warmup=ns.warmup, seed=ns.seed, probes=probes,
+            max_inflight=ns.max_inflight))
     finally:
         rc = srv.stop()
     summary = summarize(res, mu, ns.deadline_ms / 1000.0)
-    point: dict[str, Any] = {"server": server, "k": k, "rate": k * mu, "summary": summary, "run": res.to_json(),
-                             "server_exit": rc, "server_params": srv.metadata, "log": str(srv.log_path)}
+    point: dict[str, Any] = {"server": server, "k": k, "rate": k * mu, "summary": summary,
+                             "run": res.to_json(), "server_exit": rc, "server_params": srv.metadata,
+                             "log": str(srv.log_path)}
     if ns.records:
         point["records"] = records_json(res.records)
     return point
@@ -111,11 +124,16 @@ def point_row(p: dict[str, Any]) -> list[str]:
     return [p["server"], f"{p['k']:g}", fmt(s["offered_rps"], ".1f"), fmt(s["goodput_over_mu"], ".3f"),
             str(s["late_2xx"]), fmt(s["ok_p99_ms"], ".1f"), fmt(s["reject_p50_ms"], ".2f"),
             fmt(s["reject_p99_ms"], ".2f"), fmt(s["wasted_share"], ".3f"), fmt(s["busy"], ".2f"),
-            f"{s['client_lag_share']:.2%}", fmt_codes(s["codes"])]
+            _pct(s["server_cpu"]), _pct(s["server_runq_wait"]), f"{s['client_lag_share']:.2%}",
+            fmt_codes(s["codes"])]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 HEADERS = ["server", "k", "offered/s", "G/mu", "late2xx", "ok p99 ms", "rej p50 ms", "rej p99 ms", "wasted",
-           "busy", "lag>1ms", "codes"]
+           "busy", "srv cpu", "srv runq", "lag>1ms", "codes"]
 
 
 def ratios(points: Sequence[dict[str, Any]], ours: str, peers: Sequence[str], ks: Sequence[float],
@@ -137,12 +155,14 @@ def ratios(points: Sequence[dict[str, Any]], ours: str, peers: Sequence[str], ks
                 if sa["reject_p99_ms"] is not None and sb["reject_p99_ms"]:
                     r.append(sa["reject_p99_ms"] / sb["reject_p99_ms"])
             out.append({"k": k, "peer": peer, "goodput_ratio": median(g), "reject_p99_ratio": median(r),
-                        "goodput_peer": median([_find(points, peer, k, i)["summary"]["goodput_over_mu"]
-                                                for i in range(reps) if _find(points, peer, k, i)]),
-                        "goodput_ours": median([_find(points, ours, k, i)["summary"]["goodput_over_mu"]
-                                                for i in range(reps) if _find(points, ours, k, i)]),
-                        "n": len(g)})
+                        "goodput_peer": median(_goodputs(points, peer, k, reps)),
+                        "goodput_ours": median(_goodputs(points, ours, k, reps)), "n": len(g)})
     return out
+
+
+def _goodputs(points: Sequence[dict[str, Any]], server: str, k: float, reps: int) -> list[float]:
+    found = (_find(points, server, k, rep) for rep in range(reps))
+    return [p["summary"]["goodput_over_mu"] for p in found if p is not None]
 
 
 def _find(points: Sequence[dict[str, Any]], server: str, k: float, rep: int) -> dict[str, Any] | None:
@@ -175,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         ["litserve"] if litserve_available() else [])
     unknown = [s for s in servers if s.split("-")[0] not in STARTERS]
     if unknown or len(set(servers)) != len(servers):
-        p.error(f"bad --servers {ns.servers!r}: names must be unique, from {sorted(STARTERS)} (+ '-aa' suffix)")
+        p.error(f"bad --servers {ns.servers!r}: names must be unique, from {sorted(STARTERS)} "
+                "(+ '-aa' suffix)")
     if "litserve" in servers and not litserve_available():
         p.error("litserve is not installed (pip install litserve)")
     budget = len(ks) * len(servers) * ns.reps * (ns.warmup + ns.duration)

@@ -96,13 +96,16 @@ class ServerProc:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log_path}\n"
                                    + self.log_tail())
-            with contextlib.suppress(OSError, urllib.error.URLError):
+            try:
                 with urllib.request.urlopen(self.base + self.ready_path, timeout=2) as r:
                     if r.status == 200:
                         return
+            except (OSError, urllib.error.URLError):
+                pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"{self.name} not ready within {timeout:.0f}s; log: {self.log_path}\n" + self.log_tail())
+        raise RuntimeError(f"{self.name} not ready within {timeout:.0f}s; log: {self.log_path}\n"
+                           + self.log_tail())
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -131,6 +134,28 @@ class ServerProc:
         finally:
             if own:
                 await s.close()
+
+    def cpu_stats(self) -> dict[str, float]:
+        """CPU seconds used and seconds spent runnable but waiting for a CPU (``schedstat``), summed
+        over every thread of every process in the server's process group. The wait is how much
+        the server was held back by other work on its core: the noise of a shared machine."""
+        cpu = wait = 0.0
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(pid_dir.name)) != self.proc.pid:
+                    continue
+                for task in (pid_dir / "task").iterdir():
+                    run_ns, wait_ns, _ = (task / "schedstat").read_text().split()
+                    cpu += int(run_ns) / 1e9
+                    wait += int(wait_ns) / 1e9
+            except (OSError, ValueError):
+                continue
+        return {"cpu_s": cpu, "runq_wait_s": wait}
+
+    async def cpu_probe(self) -> dict[str, float]:
+        return self.cpu_stats()
 
     def stop(self, grace: float = 5.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds."""
@@ -210,7 +235,8 @@ def start_pod(
 
 def start_fastapi(log_dir: Path, *, service_ms: float = 20.0, core: int | None = SERVER_CORE) -> ServerProc:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.baseline_fastapi", "--port", str(port), "--service-ms", f"{service_ms:g}"]
+    argv = [sys.executable, "-m", "bench.baseline_fastapi", "--port", str(port),
+            "--service-ms", f"{service_ms:g}"]
     proc, log = _spawn("fastapi", argv, log_dir, core, _env())
     srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
     srv.wait_ready()

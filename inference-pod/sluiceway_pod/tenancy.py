@@ -79,8 +79,8 @@ class TokenBucket:
     def try_take(self) -> float:
         """Take one token. Returns 0.0 on success, else the seconds until a token is available."""
         self._refill()
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= 1.0 - 1e-9:  # tolerate float rounding of refills
+            self._tokens = max(0.0, self._tokens - 1.0)
             return 0.0
         return (1.0 - self._tokens) / self.rate
 
