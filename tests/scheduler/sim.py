@@ -47,6 +47,7 @@ class Sim:
     max_depth: int = 0
     dispatch_order: list[Record] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    batches: list[list[Record]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.core: AdmissionCore[Record] = AdmissionCore(self.settings, self.clock)
@@ -92,6 +93,7 @@ class Sim:
             self._check()
             while (batch := core.next_batch()) is not None:
                 now = self.clock.now()
+                self.batches.append([tk.payload for tk in batch.tickets])
                 for tk in batch.tickets:
                     tk.payload.dispatched_at = now
                     self.dispatch_order.append(tk.payload)
