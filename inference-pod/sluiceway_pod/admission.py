@@ -211,16 +211,23 @@ class AdmissionCore(Generic[P]):
         if not 0 <= rank < self.settings.num_classes:
             raise ValueError("rank out of range")
         if self.draining:
-            raise self._reject(Draining("the server is shutting down; retry on another replica"), tenant,
-                               priority_label)
+            raise self._reject(
+                Draining("the server is shutting down; retry on another replica"), tenant, priority_label
+            )
         if rank < tenant.max_priority_rank:
-            raise self._reject(PriorityForbidden(
-                f"tenant {tenant.name!r} may not use priority {priority_label!r}"), tenant, priority_label)
+            raise self._reject(
+                PriorityForbidden(f"tenant {tenant.name!r} may not use priority {priority_label!r}"),
+                tenant,
+                priority_label,
+            )
         if check_rate:
             wait = self._take_token(tenant)
             if wait > 0:
-                raise self._reject(RateLimited(f"tenant {tenant.name!r} is over its request rate",
-                                               retry_after=wait), tenant, priority_label)
+                raise self._reject(
+                    RateLimited(f"tenant {tenant.name!r} is over its request rate", retry_after=wait),
+                    tenant,
+                    priority_label,
+                )
 
     def admit(
         self,
@@ -239,25 +246,36 @@ class AdmissionCore(Generic[P]):
         now = self.clock.now()
         predicted = self.predicted_wait()
         if client_budget is not None and predicted + self.service.value > client_budget:
-            raise self._reject(DeadlineUnmeetable(
-                f"predicted wait {predicted:.3f}s plus service {self.service.value:.3f}s exceeds the "
-                f"client deadline {client_budget:.3f}s"), tenant, priority_label)
+            raise self._reject(
+                DeadlineUnmeetable(
+                    f"predicted wait {predicted:.3f}s plus service {self.service.value:.3f}s exceeds the "
+                    f"client deadline {client_budget:.3f}s"
+                ),
+                tenant,
+                priority_label,
+            )
         if self.depth >= self.settings.max_depth:
-            raise self._reject(QueueFull(f"queue full ({self.depth} waiting)", retry_after=self.retry_after()),
-                               tenant, priority_label)
+            raise self._reject(
+                QueueFull(f"queue full ({self.depth} waiting)", retry_after=self.retry_after()), tenant, priority_label
+            )
         tq = self._tq(tenant)
         if tenant.max_queued is not None and tq.queued >= tenant.max_queued:
-            raise self._reject(TenantQueueFull(
-                f"tenant {tenant.name!r} already has {tq.queued} requests queued",
-                retry_after=self.retry_after()), tenant, priority_label)
+            raise self._reject(
+                TenantQueueFull(
+                    f"tenant {tenant.name!r} already has {tq.queued} requests queued", retry_after=self.retry_after()
+                ),
+                tenant,
+                priority_label,
+            )
         deadline = now + self.settings.queue_timeout
         reason: type[SluicewayError] = QueueTimeout
         if client_budget is not None:
             client_deadline = now + client_budget - self.service.value
             if client_deadline < deadline:
                 deadline, reason = client_deadline, DeadlineUnmeetable
-        t: Ticket[P] = Ticket(next(self._ids), tenant, rank, priority_label, now, deadline, reason,
-                              batch_key, payload, answer)
+        t: Ticket[P] = Ticket(
+            next(self._ids), tenant, rank, priority_label, now, deadline, reason, batch_key, payload, answer
+        )
         if tq.queued == 0:
             tq.vtime = max(tq.vtime, self._vclock)  # no banked credit for idle tenants
         tq.by_class[rank].append(t)
@@ -298,8 +316,11 @@ class AdmissionCore(Generic[P]):
             waited = now - t.enqueued
             self.obs.dequeued(t, waited)
             cls = t.deadline_reason
-            msg = (f"waited {waited:.3f}s in the queue (budget {self.settings.queue_timeout:.3f}s)"
-                   if cls is QueueTimeout else f"client deadline reached after {waited:.3f}s in the queue")
+            msg = (
+                f"waited {waited:.3f}s in the queue (budget {self.settings.queue_timeout:.3f}s)"
+                if cls is QueueTimeout
+                else f"client deadline reached after {waited:.3f}s in the queue"
+            )
             err = cls(msg)
             self.obs.rejected(err.reason, t.tenant, t.priority_label)
             t.resolve(error=err)

@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "check-config":
         print(cfg.to_yaml(), end="")
         return 0
-    logging.basicConfig(
-        level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .server import run
 
     return run(cfg)

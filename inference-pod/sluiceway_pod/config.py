@@ -26,10 +26,10 @@ from pydantic.alias_generators import to_camel
 
 Auto = Literal["auto"]
 
+
 class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
 
 class TensorSpecConfig(_Model):
     """One declared input or output tensor. ``-1`` in ``shape`` means any size."""
@@ -37,6 +37,7 @@ class TensorSpecConfig(_Model):
     name: str = Field(min_length=1)
     datatype: Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"] = "FP32"
     shape: list[int] = Field(default_factory=lambda: [-1])
+
 
 class ModelConfig(_Model):
     """Which model to serve.
@@ -65,12 +66,14 @@ class ModelConfig(_Model):
                 raise ValueError("synthetic milliseconds must be within 0..600000")
         return v
 
+
 class ServerConfig(_Model):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     drain_seconds: float = Field(default=30.0, gt=0, le=3600)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
 
 class ConcurrencyConfig(_Model):
     """GPU permits: how many requests (or batches) may run on the device at once.
@@ -93,6 +96,7 @@ class ConcurrencyConfig(_Model):
             raise ValueError("permits must be >= 1 or 'auto'")
         return v
 
+
 class QueueConfig(_Model):
     """The bounded queue and the two time budgets.
 
@@ -114,6 +118,7 @@ class QueueConfig(_Model):
             raise ValueError("maxDepth must be within 1..1000000 or 'auto'")
         return v
 
+
 class PrioritiesConfig(_Model):
     """Priority classes, highest first, chosen per request by ``X-Sluiceway-Priority``.
 
@@ -133,6 +138,7 @@ class PrioritiesConfig(_Model):
             raise ValueError(f"default priority {self.default!r} is not one of {self.classes}")
         return self
 
+
 class BatchingConfig(_Model):
     """Dynamic batching. ``maxBatchSize: 1`` turns it off; ``auto`` sizes it from the memory probe."""
 
@@ -147,6 +153,7 @@ class BatchingConfig(_Model):
             raise ValueError("maxBatchSize must be within 1..4096 or 'auto'")
         return v
 
+
 class TenantLimits(_Model):
     """Per-tenant admission limits. ``None`` means unlimited for that knob."""
 
@@ -157,8 +164,10 @@ class TenantLimits(_Model):
     weight: int = Field(default=1, ge=1, le=1000)
     max_priority: str | None = None
 
+
 class TenantConfig(TenantLimits):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
 
 class TenantsConfig(_Model):
     """Who may call, and with what limits.
@@ -182,14 +191,17 @@ class TenantsConfig(_Model):
             raise ValueError("allowAnonymous is false but no keysFile is configured: nobody could call")
         return self
 
+
 class CacheConfig(_Model):
     enabled: bool = True
     max_entries: int = Field(default=1024, ge=1, le=10_000_000)
     ttl_seconds: float = Field(default=60.0, gt=0)
 
+
 class FallbackModelConfig(_Model):
     spec: str
     permits: int = Field(default=1, ge=1, le=64)
+
 
 class DegradationConfig(_Model):
     """The degradation ladder, used when the predicted queue wait exceeds ``waitThresholdSeconds``
@@ -199,6 +211,7 @@ class DegradationConfig(_Model):
     wait_threshold_seconds: float = Field(default=1.0, gt=0)
     fallback: FallbackModelConfig | None = None
     cache: CacheConfig = Field(default_factory=CacheConfig)
+
 
 class PodConfig(_Model):
     """Everything one inference pod needs. Rendered by the operator, read by ``sluiceway-pod``."""
@@ -227,6 +240,7 @@ class PodConfig(_Model):
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         return yaml.safe_dump(data, sort_keys=True)
 
+
 # --------------------------------------------------------------------------------------------------
 # Loading: defaults < env < file < flags.
 
@@ -243,8 +257,10 @@ ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
     "EXEC_TIMEOUT": ("queue", "execTimeoutSeconds"),
 }
 
+
 class ConfigError(ValueError):
     """The configuration is invalid. ``str()`` names the bad field(s)."""
+
 
 def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node = tree
@@ -256,6 +272,7 @@ def _set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
         node = child
     node[path[-1]] = value
 
+
 def _parse_scalar(raw: str) -> Any:
     """Environment values are YAML scalars: ``2`` -> int, ``true`` -> bool, ``auto`` -> str."""
     try:
@@ -263,20 +280,23 @@ def _parse_scalar(raw: str) -> Any:
     except yaml.YAMLError:
         return raw
 
+
 def _camel(path_part: str) -> str:
     return to_camel(path_part.lower())
+
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX) or key in (ENV_PREFIX + "CONFIG",):
             continue
-        rest = key[len(ENV_PREFIX):]
+        rest = key[len(ENV_PREFIX) :]
         if rest in ENV_ALIASES:
             _set_path(tree, ENV_ALIASES[rest], _parse_scalar(raw))
         elif "__" in rest:
             _set_path(tree, tuple(_camel(p) for p in rest.split("__")), _parse_scalar(raw))
     return tree
+
 
 def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
@@ -287,6 +307,7 @@ def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
             out[k] = v
     return out
 
+
 def _normalise_keys(tree: Any) -> Any:
     """Accept snake_case in files and flags by converting every key to camelCase."""
     if isinstance(tree, dict):
@@ -295,12 +316,14 @@ def _normalise_keys(tree: Any) -> Any:
         return [_normalise_keys(v) for v in tree]
     return tree
 
+
 def format_validation_error(err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         parts.append(f"{loc}: {e['msg']}")
     return "; ".join(parts)
+
 
 def build_config(*layers: Mapping[str, Any]) -> PodConfig:
     """Merge layers (lowest precedence first) and validate. Raises :class:`ConfigError`."""
@@ -311,6 +334,7 @@ def build_config(*layers: Mapping[str, Any]) -> PodConfig:
         return PodConfig.model_validate(merged)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
+
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     text = Path(path).read_text(encoding="utf-8")
@@ -323,6 +347,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return data
+
 
 def load_config(
     file: str | os.PathLike[str] | None = None,

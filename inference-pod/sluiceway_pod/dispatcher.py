@@ -65,9 +65,7 @@ class Dispatcher(Generic[P]):
         self.clock = clock
         self._on_oom = on_oom or (lambda: None)
         self._release_cache = release_device_cache or (lambda: None)
-        self._pool = ThreadPoolExecutor(
-            max_workers=max_threads or core.limit, thread_name_prefix="sluiceway-device"
-        )
+        self._pool = ThreadPoolExecutor(max_workers=max_threads or core.limit, thread_name_prefix="sluiceway-device")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
@@ -114,8 +112,14 @@ class Dispatcher(Generic[P]):
                 fut.set_result(result)
 
         ticket = self.core.admit(
-            tenant, rank, payload, answer, priority_label=priority_label, batch_key=batch_key,
-            client_budget=client_budget, check_rate=check_rate,
+            tenant,
+            rank,
+            payload,
+            answer,
+            priority_label=priority_label,
+            batch_key=batch_key,
+            client_budget=client_budget,
+            check_rate=check_rate,
         )
         self._idle.clear()
         self.wake()
@@ -192,19 +196,17 @@ class Dispatcher(Generic[P]):
         try:
             results = work.result()
             if len(results) != len(batch.tickets):
-                raise ModelError(
-                    f"the model returned {len(results)} results for a batch of {len(batch.tickets)}"
-                )
+                raise ModelError(f"the model returned {len(results)} results for a batch of {len(batch.tickets)}")
         except SluicewayError as e:
             for t in batch.tickets:
                 self.core.obs.rejected(e.reason, t.tenant, t.priority_label)
                 t.resolve(error=e)
-        except Exception as e:  # noqa: BLE001 - a model fault must not kill the loop
+        except Exception as e:
             log.exception("model failed on a batch of %d", len(batch.tickets))
-            err = ModelError(f"the model failed: {type(e).__name__}: {e}")
+            failure = ModelError(f"the model failed: {type(e).__name__}: {e}")
             for t in batch.tickets:
-                self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
-                t.resolve(error=err)
+                self.core.obs.rejected(failure.reason, t.tenant, t.priority_label)
+                t.resolve(error=failure)
         else:
             for t, r in zip(batch.tickets, results, strict=True):
                 t.resolve(result=r)

@@ -127,7 +127,7 @@ _HTTP: dict[type[SluicewayError], int] = {
 def http_status(err: SluicewayError) -> int:
     for cls in type(err).__mro__:
         if cls in _HTTP:
-            return _HTTP[cls]  # type: ignore[index]
+            return _HTTP[cls]
     return 500
 
 

@@ -30,33 +30,52 @@ class PodMetrics:
         self.model = model
         m = ["model"]
         mtp = ["model", "tenant", "priority"]
-        self.queue_depth = Gauge("sluiceway_queue_depth", "Requests waiting in the admission queue.", mtp,
-                                 registry=registry)
-        self.enqueued = Counter("sluiceway_enqueued_total", "Requests admitted into the queue.", m,
-                                registry=registry)
-        self.dequeued = Counter("sluiceway_dequeued_total",
-                                "Requests that left the queue (dispatched, expired or withdrawn).", m,
-                                registry=registry)
-        self.requests = Counter("sluiceway_requests_total", "Inference requests answered, by HTTP status.",
-                                [*mtp, "code"], registry=registry)
-        self.rejected = Counter("sluiceway_rejected_total", "Requests refused or failed, by reason.",
-                                [*mtp, "reason"], registry=registry)
-        self.queue_wait = Histogram("sluiceway_queue_wait_seconds", "Time spent waiting in the queue.", mtp,
-                                    buckets=WAIT_BUCKETS, registry=registry)
-        self.inference = Histogram("sluiceway_inference_seconds", "Device time per batch.", m,
-                                   buckets=INFER_BUCKETS, registry=registry)
+        self.queue_depth = Gauge(
+            "sluiceway_queue_depth", "Requests waiting in the admission queue.", mtp, registry=registry
+        )
+        self.enqueued = Counter("sluiceway_enqueued_total", "Requests admitted into the queue.", m, registry=registry)
+        self.dequeued = Counter(
+            "sluiceway_dequeued_total",
+            "Requests that left the queue (dispatched, expired or withdrawn).",
+            m,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "sluiceway_requests_total",
+            "Inference requests answered, by HTTP status.",
+            [*mtp, "code"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "sluiceway_rejected_total", "Requests refused or failed, by reason.", [*mtp, "reason"], registry=registry
+        )
+        self.queue_wait = Histogram(
+            "sluiceway_queue_wait_seconds",
+            "Time spent waiting in the queue.",
+            mtp,
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.inference = Histogram(
+            "sluiceway_inference_seconds", "Device time per batch.", m, buckets=INFER_BUCKETS, registry=registry
+        )
         self.limit = Gauge("sluiceway_concurrency_limit", "GPU permits in force.", m, registry=registry)
-        self.in_use = Gauge("sluiceway_concurrency_in_use", "GPU permits held by running batches.", m,
-                            registry=registry)
-        self.gpu_memory = Gauge("sluiceway_gpu_memory_allocated_bytes", "Device memory allocated by torch.", m,
-                                registry=registry)
+        self.in_use = Gauge(
+            "sluiceway_concurrency_in_use", "GPU permits held by running batches.", m, registry=registry
+        )
+        self.gpu_memory = Gauge(
+            "sluiceway_gpu_memory_allocated_bytes", "Device memory allocated by torch.", m, registry=registry
+        )
         self.oom = Counter("sluiceway_oom_total", "Device out-of-memory errors caught.", m, registry=registry)
-        self.batch_size = Histogram("sluiceway_batch_size", "Requests per executed batch.", m,
-                                    buckets=BATCH_BUCKETS, registry=registry)
-        self.degraded = Counter("sluiceway_degraded_total", "Requests answered in a degraded mode.",
-                                ["model", "mode"], registry=registry)
-        self.ready = Gauge("sluiceway_ready", "1 when the model is warm and the pod accepts work.", m,
-                           registry=registry)
+        self.batch_size = Histogram(
+            "sluiceway_batch_size", "Requests per executed batch.", m, buckets=BATCH_BUCKETS, registry=registry
+        )
+        self.degraded = Counter(
+            "sluiceway_degraded_total", "Requests answered in a degraded mode.", ["model", "mode"], registry=registry
+        )
+        self.ready = Gauge(
+            "sluiceway_ready", "1 when the model is warm and the pod accepts work.", m, registry=registry
+        )
         for g in (self.limit, self.in_use, self.gpu_memory, self.ready):
             g.labels(model)
         for c in (self.enqueued, self.dequeued, self.oom):

@@ -168,25 +168,37 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
     if spec.startswith("synthetic:"):  # no torch import: starts in well under a second
         generic_in = [TensorSpec("INPUT0", "FP32", (-1, -1))]
         generic_out = [TensorSpec("OUTPUT0", "FP32", (-1, -1))]
-        return SyntheticRunner(float(spec.split(":", 1)[1]), _specs(mc.inputs, generic_in),
-                               _specs(mc.outputs, generic_out), device or "cpu")
+        return SyntheticRunner(
+            float(spec.split(":", 1)[1]),
+            _specs(mc.inputs, generic_in),
+            _specs(mc.outputs, generic_out),
+            device or "cpu",
+        )
     dev = device or pick_device()
     if spec == "demo":
         return TorchRunner(build_demo_module(), _specs(mc.inputs, DEMO_INPUTS), _specs(mc.outputs, DEMO_OUTPUTS), dev)
     if spec.endswith((".pt", ".pth", ".ts", ".torchscript")) or "/" in spec:
         import torch
 
-        module = torch.jit.load(spec, map_location=dev)
-        return TorchRunner(module, _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
-                           _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]), dev)
+        module = torch.jit.load(spec, map_location=dev)  # type: ignore[no-untyped-call]
+        return TorchRunner(
+            module,
+            _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
+            _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]),
+            dev,
+        )
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(mod_name), attr)
         obj = factory()
         if hasattr(obj, "predict") and hasattr(obj, "inputs"):
             return obj  # type: ignore[no-any-return]
-        return TorchRunner(obj, _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
-                           _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]), dev)
+        return TorchRunner(
+            obj,
+            _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
+            _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]),
+            dev,
+        )
     raise ValueError(f"unknown model spec {spec!r}: use demo, synthetic:<ms>, a TorchScript path or module:factory")
 
 

@@ -110,7 +110,9 @@ def mmck_rejection(servers: int, capacity: int, arrival_rate: float, service_tim
     return math.exp(logs[-1] - m) / total
 
 
-def min_servers_for_wait(arrival_rate: float, service_time: float, target_p95: float, *, max_servers: int = 10_000) -> int:
+def min_servers_for_wait(
+    arrival_rate: float, service_time: float, target_p95: float, *, max_servers: int = 10_000
+) -> int:
     """Smallest c whose M/M/c wait p95 is within ``target_p95``."""
     c = max(1, math.floor(arrival_rate * service_time) + 1)
     while c <= max_servers:

@@ -122,8 +122,9 @@ def measure(runner: Runner, cfg: PodConfig) -> Sizing:
 
     qc = cfg.queue
     if qc.max_depth == "auto":
-        depth = queue_bound(permits * batch, qc.target_wait_seconds, service, lo=qc.min_auto_depth,
-                            hi=qc.max_auto_depth)
+        depth = queue_bound(
+            permits * batch, qc.target_wait_seconds, service, lo=qc.min_auto_depth, hi=qc.max_auto_depth
+        )
     else:
         depth = int(qc.max_depth)
     return Sizing(runner.device, permits, batch, depth, service, peak1, free, total)

@@ -83,7 +83,7 @@ class _Server(uvicorn.Server):
 
 def run(config: PodConfig) -> int:
     """Serve until drained. Returns the process exit code."""
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
     plane = DataPlane(config, metrics)

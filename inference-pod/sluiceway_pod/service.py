@@ -40,7 +40,15 @@ from .errors import (
 )
 from .metrics import PodMetrics
 from .models import Runner, Tensors, load_runner
-from .protocol import HEADER_LEN, InferRequest, batch_key, check_outputs, content_hash, decode_request, encode_response
+from .protocol import (
+    HEADER_LEN,
+    InferRequest,
+    batch_key,
+    check_outputs,
+    content_hash,
+    decode_request,
+    encode_response,
+)
 from .runtime import Sizing, allocated_bytes, measure, release_cache
 from .tenancy import OTHER, Tenant, TenantRegistry
 
@@ -89,7 +97,8 @@ class DataPlane:
         deg = config.degradation
         self.cache: ResponseCache[Tensors] | None = (
             ResponseCache(deg.cache.max_entries, deg.cache.ttl_seconds, self.clock)
-            if deg.enabled and deg.cache.enabled else None
+            if deg.enabled and deg.cache.enabled
+            else None
         )
         self.fallback: Runner | None = None
         self._fallback_slots: FallbackSlots | None = None
@@ -135,7 +144,8 @@ class DataPlane:
             on_oom=lambda: self.metrics.oom.labels(self.model_name).inc(),
             release_device_cache=release_cache,
             max_threads=max(sizing.permits, self.config.concurrency.max_permits)
-            if self.config.concurrency.permits == "auto" else sizing.permits,
+            if self.config.concurrency.permits == "auto"
+            else sizing.permits,
         )
         self.dispatcher.start()
         if runner.device.startswith("cuda"):
@@ -144,8 +154,13 @@ class DataPlane:
         self.metrics.ready.labels(self.model_name).set(1)
         log.info(
             "model %s ready on %s: permits=%d batch=%d max_queue=%d service=%.4fs peak/request=%s",
-            self.model_name, sizing.device, sizing.permits, sizing.max_batch_size, sizing.max_depth,
-            sizing.service_time, sizing.peak_bytes_per_request,
+            self.model_name,
+            sizing.device,
+            sizing.permits,
+            sizing.max_batch_size,
+            sizing.max_depth,
+            sizing.service_time,
+            sizing.peak_bytes_per_request,
         )
 
     async def drain(self) -> bool:
@@ -247,7 +262,11 @@ class DataPlane:
                 core.precheck(tenant, rank, priority)
                 return await self._degrade(req, tenant, priority), tenant, priority
             ticket, fut = disp.submit(
-                tenant, rank, req.inputs, priority_label=priority, batch_key=batch_key(req.inputs),
+                tenant,
+                rank,
+                req.inputs,
+                priority_label=priority,
+                batch_key=batch_key(req.inputs),
                 client_budget=budget,
             )
         except SluicewayError as e:  # refused at admission (already counted by the core)
@@ -277,7 +296,7 @@ class DataPlane:
             return fut.result()  # type: ignore[no-any-return]
         if self.dispatcher.withdraw(ticket, ClientGone("the client disconnected while queued")):
             raise ClientGone("the client disconnected while queued")
-        return await fut  # already running: finish it, the answer goes nowhere
+        return await fut  # type: ignore[no-any-return]  # already running: the answer goes nowhere
 
     def _ok(self, req: InferRequest, outputs: Tensors, degraded: str | None = None) -> Response:
         body, hdrs = encode_response(self.model_name, self.config.model.version, req, outputs)
@@ -292,7 +311,7 @@ class DataPlane:
             try:
                 loop = asyncio.get_running_loop()
                 out = await loop.run_in_executor(self._fallback_pool, self.fallback.predict, [req.inputs])
-            except Exception:  # noqa: BLE001 - fall through to the next rung
+            except Exception:
                 log.exception("fallback model failed")
             else:
                 self.metrics.degraded.labels(self.model_name, "fallback-model").inc()
@@ -306,7 +325,9 @@ class DataPlane:
                 return self._ok(req, hit, "cache")
         err = Overloaded(
             f"predicted queue wait {self.core.predicted_wait():.3f}s is over the degradation threshold and "
-            "no degraded answer is available", retry_after=self.core.retry_after())
+            "no degraded answer is available",
+            retry_after=self.core.retry_after(),
+        )
         self.metrics.rejected.labels(self.model_name, tenant.label, priority, err.reason).inc()
         return error_response(err)
 

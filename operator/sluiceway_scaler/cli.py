@@ -14,6 +14,7 @@ import sys
 import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
+
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.service import ExternalScalerService, serve
 

@@ -1,8 +1,10 @@
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from google.protobuf.internal import containers as _containers
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -14,26 +16,26 @@ class ScaledObjectRef(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        def __init__(self, key: str | None = ..., value: str | None = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SCALERMETADATA_FIELD_NUMBER: _ClassVar[int]
     name: str
     namespace: str
     scalerMetadata: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., scalerMetadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    def __init__(self, name: str | None = ..., namespace: str | None = ..., scalerMetadata: _Mapping[str, str] | None = ...) -> None: ...
 
 class IsActiveResponse(_message.Message):
     __slots__ = ("result",)
     RESULT_FIELD_NUMBER: _ClassVar[int]
     result: bool
-    def __init__(self, result: _Optional[bool] = ...) -> None: ...
+    def __init__(self, result: bool | None = ...) -> None: ...
 
 class GetMetricSpecResponse(_message.Message):
     __slots__ = ("metricSpecs",)
     METRICSPECS_FIELD_NUMBER: _ClassVar[int]
     metricSpecs: _containers.RepeatedCompositeFieldContainer[MetricSpec]
-    def __init__(self, metricSpecs: _Optional[_Iterable[_Union[MetricSpec, _Mapping]]] = ...) -> None: ...
+    def __init__(self, metricSpecs: _Iterable[MetricSpec | _Mapping] | None = ...) -> None: ...
 
 class MetricSpec(_message.Message):
     __slots__ = ("metricName", "targetSize", "targetSizeFloat")
@@ -43,21 +45,21 @@ class MetricSpec(_message.Message):
     metricName: str
     targetSize: int
     targetSizeFloat: float
-    def __init__(self, metricName: _Optional[str] = ..., targetSize: _Optional[int] = ..., targetSizeFloat: _Optional[float] = ...) -> None: ...
+    def __init__(self, metricName: str | None = ..., targetSize: int | None = ..., targetSizeFloat: float | None = ...) -> None: ...
 
 class GetMetricsRequest(_message.Message):
-    __slots__ = ("scaledObjectRef", "metricName")
+    __slots__ = ("metricName", "scaledObjectRef")
     SCALEDOBJECTREF_FIELD_NUMBER: _ClassVar[int]
     METRICNAME_FIELD_NUMBER: _ClassVar[int]
     scaledObjectRef: ScaledObjectRef
     metricName: str
-    def __init__(self, scaledObjectRef: _Optional[_Union[ScaledObjectRef, _Mapping]] = ..., metricName: _Optional[str] = ...) -> None: ...
+    def __init__(self, scaledObjectRef: ScaledObjectRef | _Mapping | None = ..., metricName: str | None = ...) -> None: ...
 
 class GetMetricsResponse(_message.Message):
     __slots__ = ("metricValues",)
     METRICVALUES_FIELD_NUMBER: _ClassVar[int]
     metricValues: _containers.RepeatedCompositeFieldContainer[MetricValue]
-    def __init__(self, metricValues: _Optional[_Iterable[_Union[MetricValue, _Mapping]]] = ...) -> None: ...
+    def __init__(self, metricValues: _Iterable[MetricValue | _Mapping] | None = ...) -> None: ...
 
 class MetricValue(_message.Message):
     __slots__ = ("metricName", "metricValue", "metricValueFloat")
@@ -67,4 +69,4 @@ class MetricValue(_message.Message):
     metricName: str
     metricValue: int
     metricValueFloat: float
-    def __init__(self, metricName: _Optional[str] = ..., metricValue: _Optional[int] = ..., metricValueFloat: _Optional[float] = ...) -> None: ...
+    def __init__(self, metricName: str | None = ..., metricValue: int | None = ..., metricValueFloat: float | None = ...) -> None: ...

@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from sluiceway_scaler.metrics import ScalerMetrics
 
 __all__ = ["PodActivity", "poll_pods"]

@@ -25,10 +25,11 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
 from sluiceway_scaler.errors import SourceUnavailable
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.policy import Signals
-from urllib3.util.retry import Retry
 
 __all__ = ["PrometheusSource", "Queries", "ServiceStats", "selector"]
 

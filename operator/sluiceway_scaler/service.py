@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
 from sluiceway_scaler.errors import NoDecisionYet, ScalerError, UnknownMetric, grpc_code, reason_of

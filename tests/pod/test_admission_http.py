@@ -11,18 +11,18 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import PodProcess, infer_body
 
 pytestmark = pytest.mark.slow
 
 
-async def fire(pod: PodProcess, n: int, headers: dict[str, str] | None = None,
-               body: dict[str, Any] | None = None) -> list[httpx.Response]:
+async def fire(
+    pod: PodProcess, n: int, headers: dict[str, str] | None = None, body: dict[str, Any] | None = None
+) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
-        return await asyncio.gather(*[
-            client.post(pod.infer_url, json=body or infer_body(), headers=headers or {}) for _ in range(n)
-        ])
+        return await asyncio.gather(
+            *[client.post(pod.infer_url, json=body or infer_body(), headers=headers or {}) for _ in range(n)]
+        )
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -44,8 +44,13 @@ def test_overload_gives_fast_429_and_a_bounded_queue(pod_factory: Any) -> None:
             async with httpx.AsyncClient() as c:
                 while not stop.is_set():
                     text = (await c.get(f"{pod.url}/metrics")).text
-                    depths.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                      if line.startswith("sluiceway_queue_depth{")))
+                    depths.append(
+                        sum(
+                            float(line.rsplit(" ", 1)[1])
+                            for line in text.splitlines()
+                            if line.startswith("sluiceway_queue_depth{")
+                        )
+                    )
                     await asyncio.sleep(0.01)
 
         sampler = asyncio.create_task(sample())
@@ -128,8 +133,10 @@ def test_client_that_disconnects_while_queued_is_never_computed(pod_factory: Any
             await pod.until("sluiceway_concurrency_in_use", lambda v: v >= 1)
             body = b'{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"FP32","data":[5]}]}'
             s = socket.create_connection(("127.0.0.1", pod.port))
-            s.sendall(b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            s.sendall(
+                b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            )
             await pod.until("sluiceway_queue_depth", lambda v: v >= 1)
             s.close()
             return await first
@@ -165,8 +172,7 @@ def test_sigterm_drains_queued_and_running_work_then_exits_0(pod_factory: Any) -
 
 
 def test_drain_budget_exhausted_still_answers_everyone(pod_factory: Any) -> None:
-    pod = pod_factory("--model", "synthetic:700", "--concurrency", "1",
-                      config={"server": {"drainSeconds": 0.3}})
+    pod = pod_factory("--model", "synthetic:700", "--concurrency", "1", config={"server": {"drainSeconds": 0.3}})
 
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as c:

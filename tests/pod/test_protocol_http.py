@@ -11,7 +11,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 from conftest import PodProcess, start_pod
 from sluiceway_pod.models import build_demo_module
 
@@ -21,8 +20,14 @@ ROW = [float(i) / 10 for i in range(16)]
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodProcess]:
     tmp = tmp_path_factory.mktemp("demo")
-    pod = start_pod(tmp, "--model", "demo", "--concurrency", "2",
-                    config={"server": {"maxBodyBytes": 64 * 1024}, "model": {"name": "demo"}})
+    pod = start_pod(
+        tmp,
+        "--model",
+        "demo",
+        "--concurrency",
+        "2",
+        config={"server": {"maxBodyBytes": 64 * 1024}, "model": {"name": "demo"}},
+    )
     yield pod
     assert pod.terminate() == 0
 
@@ -51,8 +56,9 @@ def test_health_and_metadata(demo: PodProcess) -> None:
 
 def test_json_infer_matches_the_model(demo: PodProcess) -> None:
     rows = np.array([ROW, [0.0] * 16], dtype=np.float32)
-    r = post(demo, {"id": "r1", "inputs": [{"name": "INPUT0", "shape": [2, 16], "datatype": "FP32",
-                                            "data": rows.tolist()}]})
+    r = post(
+        demo, {"id": "r1", "inputs": [{"name": "INPUT0", "shape": [2, 16], "datatype": "FP32", "data": rows.tolist()}]}
+    )
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["id"] == "r1" and doc["model_name"] == "demo"
@@ -93,8 +99,13 @@ def test_tritonclient_round_trip(demo: PodProcess, binary: bool) -> None:
         ({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32"}]}, "'data' is missing"),
         ({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ["x"] * 16}]}, "not FP32"),
         ({"inputs": [{"name": "INPUT0", "shape": [1, -3], "datatype": "FP32", "data": ROW}]}, "non-negative"),
-        ({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ROW}],
-          "outputs": [{"name": "NOPE"}]}, "unknown outputs"),
+        (
+            {
+                "inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ROW}],
+                "outputs": [{"name": "NOPE"}],
+            },
+            "unknown outputs",
+        ),
     ],
 )
 def test_bad_input_is_400_with_a_message(demo: PodProcess, body: object, needle: str) -> None:
@@ -129,15 +140,24 @@ def test_metrics_present_and_moving(demo: PodProcess) -> None:
     before = demo.metric("sluiceway_requests_total", code="200")
     dq_before = demo.metric("sluiceway_dequeued_total")
     for _ in range(3):
-        assert post(demo, {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32",
-                                       "data": ROW}]}).status_code == 200
+        assert (
+            post(demo, {"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": ROW}]}).status_code
+            == 200
+        )
     m = demo.metrics()
     names = {n for n, _ in m}
     for name in [
-        "sluiceway_queue_depth", "sluiceway_enqueued_total", "sluiceway_dequeued_total",
-        "sluiceway_requests_total", "sluiceway_rejected_total", "sluiceway_queue_wait_seconds_bucket",
-        "sluiceway_inference_seconds_bucket", "sluiceway_concurrency_limit", "sluiceway_concurrency_in_use",
-        "sluiceway_oom_total", "sluiceway_batch_size_bucket",
+        "sluiceway_queue_depth",
+        "sluiceway_enqueued_total",
+        "sluiceway_dequeued_total",
+        "sluiceway_requests_total",
+        "sluiceway_rejected_total",
+        "sluiceway_queue_wait_seconds_bucket",
+        "sluiceway_inference_seconds_bucket",
+        "sluiceway_concurrency_limit",
+        "sluiceway_concurrency_in_use",
+        "sluiceway_oom_total",
+        "sluiceway_batch_size_bucket",
     ]:
         assert name in names, name
     for (n, labels), _ in m.items():

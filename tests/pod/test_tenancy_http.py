@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from conftest import PodProcess, infer_body
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-abcdef", "carol": "sk-carol-zz", "dave": "sk-dave-unlisted"}
@@ -18,8 +17,10 @@ KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-abcdef", "carol": "sk-car
 
 def keys_file(tmp_path: Path) -> str:
     path = tmp_path / "keys"
-    path.write_text("# sha256 of each key, then the tenant\n" + "".join(
-        f"{hashlib.sha256(k.encode()).hexdigest()} {t}\n" for t, k in KEYS.items()))
+    path.write_text(
+        "# sha256 of each key, then the tenant\n"
+        + "".join(f"{hashlib.sha256(k.encode()).hexdigest()} {t}\n" for t, k in KEYS.items())
+    )
     return str(path)
 
 
@@ -90,8 +91,11 @@ def test_priority_ceiling_is_403(tenant_pod: PodProcess) -> None:
 def test_queue_share_and_concurrency_cap_per_tenant(tenant_pod: PodProcess) -> None:
     async def scenario() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as c:
-            return list(await asyncio.gather(*[
-                c.post(tenant_pod.infer_url, json=infer_body(), headers=auth("carol")) for _ in range(4)]))
+            return list(
+                await asyncio.gather(
+                    *[c.post(tenant_pod.infer_url, json=infer_body(), headers=auth("carol")) for _ in range(4)]
+                )
+            )
 
     codes = sorted(r.status_code for r in asyncio.run(scenario()))
     # carol may have one queued (plus the one being dispatched): the rest are refused at once
@@ -104,8 +108,9 @@ def test_higher_priority_overtakes_queued_lower_priority(tenant_pod: PodProcess)
     finished: list[str] = []
 
     async def one(c: httpx.AsyncClient, name: str, prio: str) -> None:
-        r = await c.post(tenant_pod.infer_url, json=infer_body(),
-                         headers={**auth("dave"), "X-Sluiceway-Priority": prio})
+        r = await c.post(
+            tenant_pod.infer_url, json=infer_body(), headers={**auth("dave"), "X-Sluiceway-Priority": prio}
+        )
         assert r.status_code == 200
         finished.append(name)
 
@@ -134,14 +139,26 @@ def test_invalid_config_exits_nonzero_naming_the_field(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("tenants:\n  tenants:\n    - name: a\n      maxPriority: urgent\n")
-    res = subprocess.run([sys.executable, "-m", "sluiceway_pod.cli", "serve", "--config", str(bad)],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "maxPriority 'urgent'" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "sluiceway_pod.cli", "serve", "--max-queue", "0"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--max-queue", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "queue.maxDepth" in res.stderr
     start = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "sluiceway_pod.cli", "check-config", "--model", "synthetic:x"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "sluiceway_pod.cli", "check-config", "--model", "synthetic:x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "model.spec" in res.stderr
     assert time.monotonic() - start < 60

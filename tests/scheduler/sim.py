@@ -14,8 +14,13 @@ from sluiceway_pod.errors import SluicewayError
 from sluiceway_pod.tenancy import Tenant
 
 
-def tenant(name: str, weight: int = 1, max_concurrent: int | None = None, max_queued: int | None = None,
-           max_priority_rank: int = 0) -> Tenant:
+def tenant(
+    name: str,
+    weight: int = 1,
+    max_concurrent: int | None = None,
+    max_queued: int | None = None,
+    max_priority_rank: int = 0,
+) -> Tenant:
     return Tenant(name, name, None, None, max_concurrent, max_queued, weight, max_priority_rank)
 
 
@@ -108,8 +113,9 @@ class Sim:
             rec.answers.append((result, error))
 
         try:
-            rec.ticket = self.core.admit(a.tenant, a.rank, rec, answer, priority_label=str(a.rank),
-                                         batch_key=a.key, client_budget=a.budget)
+            rec.ticket = self.core.admit(
+                a.tenant, a.rank, rec, answer, priority_label=str(a.rank), batch_key=a.key, client_budget=a.budget
+            )
         except SluicewayError as e:
             rec.refused = e
 
@@ -120,8 +126,16 @@ class Sim:
 
 
 def settings(**kw: Any) -> AdmissionSettings:
-    base: dict[str, Any] = dict(permits=1, max_depth=1000, queue_timeout=1e9, num_classes=3, aging_seconds=1.0,
-                                max_batch_size=1, max_batch_wait=0.0, initial_service_time=0.01)
+    base: dict[str, Any] = dict(
+        permits=1,
+        max_depth=1000,
+        queue_timeout=1e9,
+        num_classes=3,
+        aging_seconds=1.0,
+        max_batch_size=1,
+        max_batch_wait=0.0,
+        initial_service_time=0.01,
+    )
     base.update(kw)
     return AdmissionSettings(**base)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings as hsettings, strategies as st
-
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from sluiceway_pod.clock import ManualClock
 from sluiceway_pod.errors import QueueFull, QueueTimeout, TenantQueueFull
 from sluiceway_pod.tenancy import TokenBucket
@@ -16,10 +17,10 @@ TENANTS = [tenant("a", 1, max_queued=8, max_concurrent=2), tenant("b", 3), tenan
 
 arrival_lists = st.lists(
     st.tuples(
-        st.floats(0, 5, allow_nan=False),          # arrival time
-        st.integers(0, 2),                          # tenant index
-        st.integers(0, 2),                          # class rank
-        st.sampled_from(["s", "m", "l"]),           # batch key
+        st.floats(0, 5, allow_nan=False),  # arrival time
+        st.integers(0, 2),  # tenant index
+        st.integers(0, 2),  # class rank
+        st.sampled_from(["s", "m", "l"]),  # batch key
         st.one_of(st.none(), st.floats(0.001, 3)),  # client budget
     ),
     max_size=80,
@@ -38,8 +39,12 @@ arrival_lists = st.lists(
 )
 def test_permits_bounds_and_exactly_one_answer(arrivals, permits, depth, timeout, batch, batch_wait, services):
     it = iter(services * 100000)
-    sim = Sim(settings(permits=permits, max_depth=depth, queue_timeout=timeout, max_batch_size=batch,
-                       max_batch_wait=batch_wait), service=lambda b: next(it))
+    sim = Sim(
+        settings(
+            permits=permits, max_depth=depth, queue_timeout=timeout, max_batch_size=batch, max_batch_wait=batch_wait
+        ),
+        service=lambda b: next(it),
+    )
     sim.run([Arrival(t, TENANTS[i], r, k, bud) for t, i, r, k, bud in arrivals])
     assert sim.violations == []
     assert sim.max_in_use <= permits
@@ -70,8 +75,10 @@ def test_aging_bounds_the_wait_of_the_lowest_class(arrivals, permits, aging, ser
     classes = 4
     depth = 40
     it = iter(services * 100000)
-    sim = Sim(settings(permits=permits, max_depth=depth, num_classes=classes, aging_seconds=aging),
-              service=lambda b: next(it) * service_max)
+    sim = Sim(
+        settings(permits=permits, max_depth=depth, num_classes=classes, aging_seconds=aging),
+        service=lambda b: next(it) * service_max,
+    )
     one = tenant("solo")
     sim.run([Arrival(t, one, r) for t, r in arrivals])
     assert sim.violations == []
@@ -99,8 +106,11 @@ def test_backlogged_tenants_get_weighted_shares(weights, total):
 
 
 @hsettings(max_examples=60, deadline=None)
-@given(light_slots=st.lists(st.integers(0, 12), min_size=1, max_size=8), service=st.floats(0.005, 0.1),
-       heavy_weight=st.integers(1, 4))
+@given(
+    light_slots=st.lists(st.integers(0, 12), min_size=1, max_size=8),
+    service=st.floats(0.005, 0.1),
+    heavy_weight=st.integers(1, 4),
+)
 def test_a_flooding_tenant_adds_at_most_one_service_time_to_a_light_one(light_slots, service, heavy_weight):
     """The light tenant stays within its fair share: at most one request per (sum of weights + 1) service
     times. The heavy one offers 10x the capacity. Light's wait is then at most the remaining service time
@@ -120,8 +130,7 @@ def test_a_flooding_tenant_adds_at_most_one_service_time_to_a_light_one(light_sl
 
 
 @hsettings(max_examples=200, deadline=None)
-@given(rate=st.floats(0.5, 50), burst=st.integers(1, 20),
-       gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200))
+@given(rate=st.floats(0.5, 50), burst=st.integers(1, 20), gaps=st.lists(st.floats(0, 0.5), min_size=1, max_size=200))
 def test_token_bucket_conforms(rate, burst, gaps):
     clock = ManualClock()
     bucket = TokenBucket(rate, burst, clock)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install everything Sluiceway's tests and demo need on a fresh Debian machine (idempotent):
+# Debian's prometheus (prometheus + promtool), the Python package with its extras (torch comes from
+# PyPI; pip's cache serves later runs), and the Go-built control plane and helm (cached under
+# ~/.cache/sluiceway, keyed by version and go.sum, so only a new machine rebuilds them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
+python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
+if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
+  echo "control plane: $(tools/build-kube.sh)"
+  echo "helm: $(tools/build-helm.sh)"
+fi

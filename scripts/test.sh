@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: set-up, lint, strict typing, then pytest (extra arguments go to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+ruff check .
+mypy inference-pod/sluiceway_pod operator/sluiceway_operator operator/sluiceway_scaler
+python3 -m pytest -q -p no:cacheprovider "$@"
