@@ -34,3 +34,22 @@ class Boom(torch.nn.Module):
 
 def boom_model() -> torch.nn.Module:
     return Boom()
+
+
+class ShortRunner:
+    """A broken runner that drops the last result of every batch of two or more."""
+
+    def __init__(self) -> None:
+        from sluiceway_pod.models import TensorSpec
+
+        self.inputs = [TensorSpec("INPUT0", "FP32", (-1, -1))]
+        self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, -1))]
+        self.device = "cpu"
+
+    def predict(self, requests):  # type: ignore[no-untyped-def]
+        out = [{"OUTPUT0": r["INPUT0"]} for r in requests]
+        return out[:-1] if len(out) > 1 else out
+
+
+def short_runner() -> ShortRunner:
+    return ShortRunner()

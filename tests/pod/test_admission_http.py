@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import PodProcess, infer_body
+from podtools import PodProcess, infer_body
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import PodProcess, start_pod
+from podtools import PodProcess, start_pod
 from sluiceway_pod.models import build_demo_module
 
 ROW = [float(i) / 10 for i in range(16)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import PodProcess, infer_body
+from podtools import PodProcess, infer_body
 
 KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-abcdef", "carol": "sk-carol-zz", "dave": "sk-dave-unlisted"}
 
