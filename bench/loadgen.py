@@ -106,6 +106,7 @@ class Record:
     reason: str = ""  # the body's "reason" for a non-2xx answer, or the client-side cause
     retry_after: str | None = None
     degraded: str | None = None
+    message: str = ""  # the body's error text (first 100 characters) for a non-2xx answer
 
 
 @dataclass
@@ -157,17 +158,18 @@ def poisson_schedule(streams: Sequence[Stream], horizon: float, seed: int) -> li
     return out
 
 
-def _reason(body: bytes) -> str:
+def _reason(body: bytes) -> tuple[str, str]:
+    """``(reason, message)`` from an error body: the pod's ``{"error", "reason"}``, FastAPI's
+    ``{"detail"}``; empty strings when there is neither."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return ""
-    if isinstance(doc, dict):
-        for key in ("reason", "detail", "error"):
-            v = doc.get(key)
-            if isinstance(v, str):
-                return v if key == "reason" else v[:60]
-    return ""
+        return "", ""
+    if not isinstance(doc, dict):
+        return "", ""
+    reason = doc.get("reason")
+    message = doc.get("error", doc.get("detail", ""))
+    return (reason if isinstance(reason, str) else ""), (message if isinstance(message, str) else "")[:100]
 
 
 class _Runner:
@@ -220,7 +222,7 @@ class _Runner:
             headers = {**headers, DEADLINE_HEADER: f"{max(0.0, stream.deadline_ms - lag * 1000.0):.3f}"}
         assert self.session is not None
         self.inflight += 1
-        status, reason, ra, deg = CLIENT_TIMEOUT, "client_timeout", None, None
+        status, reason, ra, deg, msg = CLIENT_TIMEOUT, "client_timeout", None, None, ""
         try:
             async with asyncio.timeout_at(self.t0 + t_rel + stream.timeout_s):
                 async with self.session.post(self.url, data=self.body, headers=headers) as resp:
@@ -228,7 +230,7 @@ class _Runner:
                     status = resp.status
                     ra = resp.headers.get("Retry-After")
                     deg = resp.headers.get("X-Sluiceway-Degraded")
-            reason = "" if 200 <= status < 300 else _reason(data)
+            reason, msg = ("", "") if 200 <= status < 300 else _reason(data)
         except TimeoutError:
             pass
         except (aiohttp.ClientError, OSError) as e:
@@ -236,7 +238,7 @@ class _Runner:
         finally:
             self.inflight -= 1
         latency = time.monotonic() - sched
-        self.records.append(Record(stream.name, t_rel, lag, latency, status, reason, ra, deg))
+        self.records.append(Record(stream.name, t_rel, lag, latency, status, reason, ra, deg, msg))
 
 
 async def run_open_loop(

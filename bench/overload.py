@@ -8,10 +8,21 @@ every request carrying a 200 ms client deadline (``X-Sluiceway-Deadline-Ms`` plu
 timeout at scheduled send + 200 ms). ``mu`` is measured in the same run: the stand-in alone, timed
 on core 0.
 
-Per server and k it prints: offered rate; goodput/mu (2xx answered within the deadline, per second,
-over mu); rejection latency p50/p99 (answers 429/503/504); answer counts; wasted work, i.e.
-``1 - good / computed`` where *computed* is what the server started computing during the window
-(work whose answer came late or went to a client that had left); and busy = computed/s / mu.
+Per server and k it prints (all over the measured window):
+
+* ``offered/s``; ``G/mu``: 2xx answered within the deadline, per second, over mu;
+* ``late2xx``: 2xx that arrived after the deadline (rare: the client gives up at the deadline, which
+  shows as ``timeout`` in the codes); ``ok p99 ms``: p99 latency of the 2xx;
+* ``rej p50/p99 ms``: latency of 429/503/504 answers refused at admission; ``expired``: requests the
+  pod admitted, then dropped from its queue when their deadline could no longer be met (its 503
+  message says "in the queue"), counted apart because they wait by design;
+* ``wasted``: ``1 - good / computed``, *computed* being the requests the server started computing
+  (work whose answer came late or went to a client that had left); ``busy``: computed/s over mu;
+* ``srv cpu`` / ``srv runq``: the server's CPU use and its time runnable but waiting for a CPU
+  (``/proc/*/schedstat``), as shares of the window: how much other work on its core held it back;
+* ``lag>1ms``: share of requests the generator sent more than 1 ms late (their latency still counts
+  from the scheduled time); ``codes``: answers by status, ``timeout`` = the client gave up.
+
 Then ratios ours/peer per k (the median over repetitions). JSON lands in ``bench/results/``.
 
     python -m bench.overload                      # defaults: 3 s warm-up + 20 s per point
@@ -53,6 +64,7 @@ from .loadgen import (
 from .servers import RESULTS, STARTERS, ServerProc, litserve_available, load_average
 
 REJECT_CODES = (429, 503, 504)
+QUEUED_MARK = "in the queue"
 
 
 def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
@@ -60,7 +72,11 @@ def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
     d = res.duration
     good = [r for r in win if ok(r) and r.latency is not None and r.latency <= deadline]
     late = [r for r in win if ok(r) and r.latency is not None and r.latency > deadline]
-    rej = [r.latency for r in win if r.status in REJECT_CODES and r.latency is not None]
+    rejections = [r for r in win if r.status in REJECT_CODES and r.latency is not None]
+    # Refused at admission (answered at once) vs dropped after waiting in the queue: the pod's
+    # messages say "... in the queue" for the latter (its reason, "deadline", is the same for both).
+    rej = [r.latency for r in rejections if QUEUED_MARK not in r.message and r.latency is not None]
+    expired = [r.latency for r in rejections if QUEUED_MARK in r.message and r.latency is not None]
     lat_ok = [r.latency for r in good if r.latency is not None]
     c0, c1 = res.probes.get("computed_start"), res.probes.get("computed_end")
     computed = (c1 - c0) if isinstance(c0, float) and isinstance(c1, float) else None
@@ -77,6 +93,8 @@ def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
         "rejected": len(rej),
         "reject_p50_ms": _ms(percentile(rej, 50)),
         "reject_p99_ms": _ms(percentile(rej, 99)),
+        "expired_in_queue": len(expired),
+        "expired_p50_ms": _ms(percentile(expired, 50)),
         "codes": code_counts(win),
         "reasons": reason_counts(win),
         "computed": computed,
@@ -123,7 +141,8 @@ def point_row(p: dict[str, Any]) -> list[str]:
     s = p["summary"]
     return [p["server"], f"{p['k']:g}", fmt(s["offered_rps"], ".1f"), fmt(s["goodput_over_mu"], ".3f"),
             str(s["late_2xx"]), fmt(s["ok_p99_ms"], ".1f"), fmt(s["reject_p50_ms"], ".2f"),
-            fmt(s["reject_p99_ms"], ".2f"), fmt(s["wasted_share"], ".3f"), fmt(s["busy"], ".2f"),
+            fmt(s["reject_p99_ms"], ".2f"), str(s["expired_in_queue"]), fmt(s["wasted_share"], ".3f"),
+            fmt(s["busy"], ".2f"),
             _pct(s["server_cpu"]), _pct(s["server_runq_wait"]), f"{s['client_lag_share']:.2%}",
             fmt_codes(s["codes"])]
 
@@ -132,8 +151,8 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-HEADERS = ["server", "k", "offered/s", "G/mu", "late2xx", "ok p99 ms", "rej p50 ms", "rej p99 ms", "wasted",
-           "busy", "srv cpu", "srv runq", "lag>1ms", "codes"]
+HEADERS = ["server", "k", "offered/s", "G/mu", "late2xx", "ok p99 ms", "rej p50 ms", "rej p99 ms", "expired",
+           "wasted", "busy", "srv cpu", "srv runq", "lag>1ms", "codes"]
 
 
 def ratios(points: Sequence[dict[str, Any]], ours: str, peers: Sequence[str], ks: Sequence[float],
@@ -237,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(ns.reps):
         rows = [point_row(pt) for k in ks for pt in points if pt["k"] == k and pt["rep"] == rep]
         print(f"## results (rep {rep + 1}/{ns.reps}); G/mu = 2xx within {ns.deadline_ms:g} ms per s / mu; "
-              "rej = 429/503/504 answers")
+              "rej = 429/503/504 refused at admission; expired = dropped from the queue")
         print(table(HEADERS, rows))
         print()
     ours = "sluiceway"

@@ -10,7 +10,7 @@ from the event loop, ``inference`` from the loop after a batch completes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -82,6 +82,13 @@ class PodMetrics:
             c.labels(model)
         self.batch_size.labels(model)
         self.inference.labels(model)
+
+    def declare(self, tenant_labels: Iterable[str], priorities: Iterable[str]) -> None:
+        """Create the zero-valued queue-depth series up front, so an idle pod already reports 0
+        (autoscalers must be able to tell "empty" from "no data")."""
+        for tenant in tenant_labels:
+            for prio in priorities:
+                self.queue_depth.labels(self.model, tenant, prio)
 
     def track_gpu_memory(self, fn: Callable[[], float]) -> None:
         self.gpu_memory.labels(self.model).set_function(fn)

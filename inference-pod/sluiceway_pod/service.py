@@ -88,6 +88,7 @@ class DataPlane:
         self.clock = clock or MonotonicClock()
         self._runner_factory = runner_factory or (lambda c: load_runner(c.model))
         self.tenants = TenantRegistry(config.tenants, list(config.priorities.classes), self.clock)
+        metrics.declare(sorted(self.tenants.known_labels), config.priorities.classes)
         self.runner: Runner | None = None
         self.sizing: Sizing | None = None
         self.core: AdmissionCore[Tensors] | None = None

@@ -136,12 +136,14 @@ def reconcile(
                 current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
                 if deployment is None:
                     current = max(spec.autoscaling.min_replicas, 1)
-                if prom_url and prom_error is None:
-                    signals = Signals(queue_depth=readings.get("queue") or 0.0, wait_p95=readings.get("wait"))
-                else:
-                    signals = Signals(
-                        queue_depth=None, ok=False, detail=prom_error or "Prometheus not configured"
+                queue = readings.get("queue")
+                if prom_url and prom_error is None and queue is not None:
+                    signals = Signals(queue_depth=queue, wait_p95=readings.get("wait"))
+                else:  # missing data holds the replicas: never scale down on an empty answer
+                    detail = prom_error or (
+                        "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"
                     )
+                    signals = Signals(queue_depth=None, ok=False, detail=detail)
                 replicas, builtin_note = _builtin_replicas(spec, current, signals, memo)
             hashes = _key_hashes(kube, namespace, spec)
             if isinstance(hashes, list):

@@ -26,6 +26,15 @@ def test_chart_crds_are_byte_identical_copies() -> None:
         )
 
 
+def test_chart_prometheus_rules_are_a_byte_identical_copy() -> None:
+    source = ROOT / "operator" / "sluiceway_scaler" / "rules.yaml"
+    copy = CHART / "files" / "scaler-rules.yaml"
+    assert copy.read_bytes() == source.read_bytes(), (
+        "charts/sluiceway/files/scaler-rules.yaml differs: cp operator/sluiceway_scaler/rules.yaml "
+        "charts/sluiceway/files/scaler-rules.yaml"
+    )
+
+
 def test_operator_rules_are_least_privilege() -> None:
     rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())
     verbs = {v for r in rules for v in r["verbs"]}

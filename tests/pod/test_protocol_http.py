@@ -52,6 +52,9 @@ def test_health_and_metadata(demo: PodProcess) -> None:
     assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}]
     assert meta["parameters"]["concurrency"] == 2  # the value in force is visible
     assert meta["parameters"]["device"] in ("cpu", "cuda")
+    # the queue-depth series exist before any traffic: "empty" is distinguishable from "no data"
+    series = {dict(labels).get("priority") for n, labels in demo.metrics() if n == "sluiceway_queue_depth"}
+    assert series == {"critical", "standard", "batch"}
 
 
 def test_json_infer_matches_the_model(demo: PodProcess) -> None:
