@@ -31,6 +31,7 @@ Guarantees
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import deque
@@ -179,6 +180,9 @@ class AdmissionCore(Generic[P]):
         self._ids = itertools.count(1)
         self._vclock = 0.0  # global virtual time: start tag of the last dispatch
         self._deferred_until: float | None = None  # a batch is filling until then
+        # (deadline, id, ticket) of queued tickets; entries of tickets that left the queue are
+        # dropped lazily, and the heap is rebuilt when they outnumber the live ones.
+        self._deadlines: list[tuple[float, int, Ticket[P]]] = []
         self.obs.permits(self.limit, self.in_use)
 
     # ------------------------------------------------------------------ predictions
@@ -281,6 +285,10 @@ class AdmissionCore(Generic[P]):
         tq.by_class[rank].append(t)
         tq.queued += 1
         self.depth += 1
+        heapq.heappush(self._deadlines, (deadline, t.id, t))
+        if len(self._deadlines) > 2 * self.depth + 64:
+            self._deadlines = [e for e in self._deadlines if e[2].state == "queued"]
+            heapq.heapify(self._deadlines)
         self.obs.enqueued(t)
         return t
 
@@ -305,12 +313,11 @@ class AdmissionCore(Generic[P]):
         """Answer every queued ticket whose queue-wait deadline has passed."""
         now = self.clock.now()
         out: list[Ticket[P]] = []
-        for tq in self._tenants.values():
-            if not tq.queued:
-                continue
-            for dq in tq.by_class:
-                for t in [t for t in dq if t.deadline <= now]:
-                    out.append(t)
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, t = heapq.heappop(heap)
+            if t.state == "queued":
+                out.append(t)
         for t in out:
             self._remove(t)
             waited = now - t.enqueued
@@ -376,7 +383,10 @@ class AdmissionCore(Generic[P]):
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which :meth:`expire` or a deferred batch has work to do."""
-        times = [t.deadline for tq in self._tenants.values() for dq in tq.by_class for t in dq]
+        heap = self._deadlines
+        while heap and heap[0][2].state != "queued":  # drop entries of dispatched/answered tickets
+            heapq.heappop(heap)
+        times = [heap[0][0]] if heap else []
         if self._deferred_until is not None and self.in_use < self.limit:
             times.append(self._deferred_until)
         return min(times) if times else None
