@@ -40,7 +40,7 @@ def wait_http(url: str, deadline_s: float, proc: subprocess.Popen[bytes] | None 
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {url} answered")
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} answered")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:

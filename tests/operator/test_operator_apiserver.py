@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT, ControlPlane, wait_for, write_kubeconfig
+from kubetools import ROOT, Admin, ControlPlane, establish_crd, wait_for, write_kubeconfig
 from operator_support import load_crd
 from sluiceway_operator.kube import ApiError, Kube
 from sluiceway_pod.tenancy import hash_key
@@ -58,48 +58,11 @@ KEDA_STANDIN_CRD = {
 }
 
 
-class Admin:
-    """Raw admin calls (cluster setup and assertions), through the operator's own facade."""
-
-    def __init__(self, kube: Kube) -> None:
-        self.kube = kube
-
-    def call(
-        self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
-    ) -> Any:
-        ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
-        return self.kube._call(method, path, body=body, query=query, content_type=ctype)
-
-    def get(self, path: str) -> Any:
-        try:
-            return self.call("GET", path)
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
-
-    def create(self, path: str, body: Any, dry_run: bool = False) -> Any:
-        return self.call("POST", path, body=body, query=[("dryRun", "All")] if dry_run else None)
-
-
-def _establish(admin: Admin, crd: dict[str, Any]) -> None:
-    name = crd["metadata"]["name"]
-    if admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is None:
-        admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-
-    def established() -> bool:
-        obj = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conds = (obj or {}).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    wait_for(established, 30, what=f"CRD {name} established")
-
-
 @pytest.fixture(scope="module")
 def admin(control_plane: ControlPlane) -> Admin:
     a = Admin(Kube(control_plane.client()))
-    _establish(a, load_crd())
-    _establish(a, KEDA_STANDIN_CRD)
+    establish_crd(a, load_crd())
+    establish_crd(a, KEDA_STANDIN_CRD)
     for ns in (NS, OP_NS):
         if a.get(f"/api/v1/namespaces/{ns}") is None:
             a.create(

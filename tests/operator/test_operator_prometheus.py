@@ -30,13 +30,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from conftest import ROOT, ControlPlane, wait_for, write_kubeconfig
+from kubetools import ROOT, Admin, ControlPlane, establish_crd, wait_for, write_kubeconfig
 from operator_support import load_crd
 from podtools import PodProcess, free_port, infer_body, start_pod
 from promtools import PrometheusProcess, prometheus_missing
 from sluiceway_operator.kube import Kube
 from sluiceway_operator.prom import queue_depth_query
-from test_operator_apiserver import Admin, _establish
 
 _POD_CLI = ROOT / "inference-pod" / "sluiceway_pod" / "cli.py"
 
@@ -142,7 +141,7 @@ def prometheus(pod: PodProcess, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def admin(control_plane: ControlPlane) -> Admin:
     a = Admin(Kube(control_plane.client()))
-    _establish(a, load_crd())
+    establish_crd(a, load_crd())
     for ns in (NS, OP_NS):
         if a.get(f"/api/v1/namespaces/{ns}") is None:
             a.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -175,7 +174,7 @@ def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
         f"/api/v1/namespaces/{OP_NS}/serviceaccounts/{SA}/token",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}},
     )["status"]["token"]
-    path = control_plane.workdir / f"{SA}.kubeconfig"
+    path: Path = control_plane.workdir / f"{SA}.kubeconfig"
     write_kubeconfig(path, control_plane.server, token)
     return path
 
@@ -295,7 +294,7 @@ def _scenario(view: View, pod: PodProcess, prometheus: PrometheusProcess) -> Non
     # 1. Idle: the signals are read (queue 0, live permits 1 where the spec says auto), one replica.
     def idle() -> dict[str, Any] | None:
         st = view.status()
-        cond = next((c for c in st.get("conditions") or [] if c["type"] == "AutoscalingReady"), {})
+        cond: dict[str, Any] = next((c for c in st.get("conditions") or [] if c["type"] == "AutoscalingReady"), {})
         ok = cond.get("reason") == "BuiltinEngine" and st.get("queueDepth") == 0
         return st if ok and view.replicas() == MIN else None
 
@@ -317,7 +316,7 @@ def _scenario(view: View, pod: PodProcess, prometheus: PrometheusProcess) -> Non
             nonlocal peak, loaded
             peak = max(peak, view.replicas())
             st = view.status()
-            cond = next((c for c in st.get("conditions") or [] if c["type"] == "AutoscalingReady"), {})
+            cond: dict[str, Any] = next((c for c in st.get("conditions") or [] if c["type"] == "AutoscalingReady"), {})
             busy = (st.get("queueDepth") or 0) > 0 and st.get("waitP95") and _seconds(st["waitP95"]) > 0
             if busy and (cond.get("status"), cond.get("reason")) == ("True", "BuiltinEngine"):
                 loaded = {"queueDepth": st["queueDepth"], "waitP95": st["waitP95"], "message": cond["message"]}

@@ -1,0 +1,267 @@
+"""A real Kubernetes control plane for the operator tests: etcd + kube-apiserver + kube-controller-manager.
+
+Binaries come from ``tools/build-kube.sh`` (cached under ~/.cache/sluiceway). Everything listens on
+127.0.0.1 on free ports; RBAC is on and the admin authenticates with a static token. The
+controller-manager makes garbage collection, the Deployment/ReplicaSet controllers and the
+ServiceAccount controllers real. No kubelet: pods stay Pending.
+
+Set ``SLUICEWAY_KUBE_BIN`` to use binaries from elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sluiceway_operator.kube import ApiError, Kube
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+for _p in (ROOT / "operator", ROOT / "inference-pod"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+ADMIN_TOKEN = "sluiceway-admin-token"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kube_bin_dir() -> tuple[Path | None, str]:
+    """(directory, why-not) for the control-plane binaries."""
+    env = os.environ.get("SLUICEWAY_KUBE_BIN")
+    if env:
+        d = Path(env)
+    else:
+        out = subprocess.run(
+            ["bash", str(ROOT / "tools" / "build-kube.sh"), "--dir"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        d = Path(out.stdout.strip())
+    for b in BINARIES:
+        if not (d / b).is_file():
+            return None, f"{b} not built in {d}: run tools/build-kube.sh"
+    return d, ""
+
+
+def write_kubeconfig(path: Path, server: str, token: str) -> None:
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "user", "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "user"}}],
+        "current-context": "test",
+    }
+    path.write_text(yaml.safe_dump(cfg))
+
+
+@dataclass
+class ControlPlane:
+    server: str
+    kubeconfig: Path
+    workdir: Path
+    logs: dict[str, Path]
+
+    def client(self, kubeconfig: Path | None = None) -> Any:
+        import kubernetes
+
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(
+            config_file=str(kubeconfig or self.kubeconfig), client_configuration=cfg
+        )
+        return kubernetes.client.ApiClient(cfg)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        text = self.logs[name].read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def _wait_ready(server: str, timeout: float, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}")
+        req = urllib.request.Request(f"{server}/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as err:
+            last = str(err)
+        time.sleep(0.5)
+    raise TimeoutError(f"kube-apiserver not ready after {timeout}s: {last}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    bindir, why = kube_bin_dir()
+    if bindir is None:
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("kube")
+    subprocess.run(["openssl", "genrsa", "-out", str(d / "sa.key"), "2048"], check=True, capture_output=True)
+    (d / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
+    etcd_port, peer_port, api_port, kcm_port = (_free_port() for _ in range(4))
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = d / "admin.kubeconfig"
+    write_kubeconfig(kubeconfig, server, ADMIN_TOKEN)
+    logs = {n: d / f"{n}.log" for n in BINARIES}
+    commands = {
+        "etcd": [
+            str(bindir / "etcd"),
+            "--name",
+            "default",
+            "--data-dir",
+            str(d / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+        "kube-apiserver": [
+            str(bindir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={d / 'pki'}",
+            f"--token-auth-file={d / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.key'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=false",
+            "--v=1",
+        ],
+        "kube-controller-manager": [
+            str(bindir / "kube-controller-manager"),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--service-account-private-key-file={d / 'sa.key'}",
+            "--controllers=*",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={kcm_port}",
+            f"--cert-dir={d / 'kcm-pki'}",
+            "--concurrent-gc-syncs=5",
+            "--v=1",
+        ],
+    }
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    handles = []
+    try:
+        for name in ("etcd", "kube-apiserver"):
+            fh = open(logs[name], "wb")  # noqa: SIM115 - closed in finally
+            handles.append(fh)
+            procs[name] = subprocess.Popen(commands[name], stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(server, 90, procs)
+        except (RuntimeError, TimeoutError) as err:
+            tails = "\n".join(f"--- {n}\n{logs[n].read_text(errors='replace')[-3000:]}" for n in procs)
+            pytest.fail(f"control plane did not start: {err}\n{tails}")
+        fh = open(logs["kube-controller-manager"], "wb")  # noqa: SIM115
+        handles.append(fh)
+        procs["kube-controller-manager"] = subprocess.Popen(
+            commands["kube-controller-manager"], stdout=fh, stderr=subprocess.STDOUT
+        )
+        yield ControlPlane(server=server, kubeconfig=kubeconfig, workdir=d, logs=logs)
+    finally:
+        for name in reversed(list(procs)):
+            p = procs[name]
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for fh in handles:
+            fh.close()
+        if not os.environ.get("SLUICEWAY_KEEP_KUBE"):
+            shutil.rmtree(d / "etcd", ignore_errors=True)
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; fail with its last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except AssertionError as err:
+            last = err
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
+
+
+class Admin:
+    """Raw admin calls (cluster setup and assertions), through the operator's own facade."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def call(
+        self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
+    ) -> Any:
+        ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
+        return self.kube._call(method, path, body=body, query=query, content_type=ctype)
+
+    def get(self, path: str) -> Any:
+        try:
+            return self.call("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create(self, path: str, body: Any, dry_run: bool = False) -> Any:
+        return self.call("POST", path, body=body, query=[("dryRun", "All")] if dry_run else None)
+
+
+def establish_crd(admin: Admin, crd: dict[str, Any]) -> None:
+    name = crd["metadata"]["name"]
+    if admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") is None:
+        admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+    def established() -> bool:
+        obj = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conds = (obj or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 30, what=f"CRD {name} established")
