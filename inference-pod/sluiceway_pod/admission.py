@@ -41,7 +41,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .clock import Clock
 from .errors import (
+    DeadlineExpired,
     DeadlineUnmeetable,
+    Displaced,
     Draining,
     PriorityForbidden,
     QueueFull,
@@ -53,6 +55,10 @@ from .errors import (
 from .tenancy import Tenant
 
 P = TypeVar("P")
+
+#: A tenant returning from idle keeps at most this many requests of fair-queueing credit, so a
+#: light, bursty tenant is not queued behind a backlogged one (see docs/scheduling.md).
+IDLE_CREDIT = 2.0
 
 
 class Answer(Protocol):
@@ -193,6 +199,28 @@ class AdmissionCore(Generic[P]):
         per_round = self.limit * max(1, self.settings.max_batch_size)
         return math.ceil((self.depth + 1) / per_round) * self.service.value
 
+    def answer_cost(self) -> float:
+        """Time a dispatched request still needs to be answered: the service time plus a margin
+        (a quarter of it, plus 2 ms for the reply), so deadline work is never started too late."""
+        return self.service.value * 1.25 + 0.002
+
+    def _displaceable(self, rank: int, now: float) -> Ticket[Any] | None:
+        """The queued ticket a new request of class ``rank`` may push out of a full queue: the one
+        with the worst aged band, if that band is strictly worse than ``rank`` (youngest on ties).
+        Aged requests are protected: a request whose band has risen to ``rank`` stays."""
+        best: Ticket[Any] | None = None
+        best_key: tuple[int, float] | None = None
+        for tq in self._tenants.values():
+            for dq in tq.by_class:
+                if dq:
+                    t = dq[-1]  # the youngest of its class has the worst band of its class
+                    key = (self._band(t, now), t.enqueued)
+                    if best_key is None or key > best_key:
+                        best, best_key = t, key
+        if best is None or best_key is None or best_key[0] <= rank:
+            return None
+        return best
+
     def retry_after(self) -> float:
         """Time to work off the current backlog: depth * S / permits (at least one service time)."""
         per_round = self.limit * max(1, self.settings.max_batch_size)
@@ -249,18 +277,15 @@ class AdmissionCore(Generic[P]):
         self.precheck(tenant, rank, priority_label, check_rate=check_rate)
         now = self.clock.now()
         predicted = self.predicted_wait()
-        if client_budget is not None and predicted + self.service.value > client_budget:
+        cost = self.answer_cost()
+        if client_budget is not None and predicted + cost > client_budget:
             raise self._reject(
                 DeadlineUnmeetable(
-                    f"predicted wait {predicted:.3f}s plus service {self.service.value:.3f}s exceeds the "
+                    f"predicted wait {predicted:.3f}s plus service {cost:.3f}s exceeds the "
                     f"client deadline {client_budget:.3f}s"
                 ),
                 tenant,
                 priority_label,
-            )
-        if self.depth >= self.settings.max_depth:
-            raise self._reject(
-                QueueFull(f"queue full ({self.depth} waiting)", retry_after=self.retry_after()), tenant, priority_label
             )
         tq = self._tq(tenant)
         if tenant.max_queued is not None and tq.queued >= tenant.max_queued:
@@ -271,17 +296,33 @@ class AdmissionCore(Generic[P]):
                 tenant,
                 priority_label,
             )
+        if self.depth >= self.settings.max_depth:
+            victim = self._displaceable(rank, now)
+            if victim is None:
+                raise self._reject(
+                    QueueFull(f"queue full ({self.depth} waiting)", retry_after=self.retry_after()),
+                    tenant,
+                    priority_label,
+                )
+            self._remove(victim)
+            self.obs.dequeued(victim, now - victim.enqueued)
+            displaced = Displaced(
+                "the queue is full and a higher-priority request took this one's place",
+                retry_after=self.retry_after(),
+            )
+            self.obs.rejected(displaced.reason, victim.tenant, victim.priority_label)
+            victim.resolve(error=displaced)
         deadline = now + self.settings.queue_timeout
         reason: type[SluicewayError] = QueueTimeout
         if client_budget is not None:
-            client_deadline = now + client_budget - self.service.value
+            client_deadline = now + client_budget - cost
             if client_deadline < deadline:
-                deadline, reason = client_deadline, DeadlineUnmeetable
+                deadline, reason = client_deadline, DeadlineExpired
         t: Ticket[P] = Ticket(
             next(self._ids), tenant, rank, priority_label, now, deadline, reason, batch_key, payload, answer
         )
-        if tq.queued == 0:
-            tq.vtime = max(tq.vtime, self._vclock)  # no banked credit for idle tenants
+        if tq.queued == 0:  # back from idle: at most IDLE_CREDIT requests of banked credit
+            tq.vtime = max(tq.vtime, self._vclock - IDLE_CREDIT / tenant.weight)
         tq.by_class[rank].append(t)
         tq.queued += 1
         self.depth += 1

@@ -79,6 +79,18 @@ class DeadlineUnmeetable(SluicewayError):
     reason = "deadline"
 
 
+class DeadlineExpired(SluicewayError):
+    """The client's deadline passed (minus the expected service time) while the request was queued."""
+
+    reason = "deadline_expired"
+
+
+class Displaced(SluicewayError):
+    """The queue was full and a higher-priority request took this (lower-priority, queued) one's place."""
+
+    reason = "displaced"
+
+
 class Draining(SluicewayError):
     reason = "draining"
 
@@ -116,6 +128,8 @@ _HTTP: dict[type[SluicewayError], int] = {
     Overloaded: 429,
     QueueTimeout: 503,
     DeadlineUnmeetable: 503,
+    DeadlineExpired: 503,
+    Displaced: 429,
     Draining: 503,
     NotReady: 503,
     ExecTimeout: 504,

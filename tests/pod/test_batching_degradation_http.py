@@ -22,8 +22,13 @@ async def post_all(pod: PodProcess, bodies: list[dict[str, Any]], **headers: str
 
 
 def test_batched_results_equal_unbatched_results(pod_factory: Any) -> None:
-    pod = pod_factory(config={"model": {"spec": "demo"}, "concurrency": {"permits": 1},
-                              "batching": {"maxBatchSize": 8, "maxBatchWaitMs": 300}})
+    pod = pod_factory(
+        config={
+            "model": {"spec": "demo"},
+            "concurrency": {"permits": 1},
+            "batching": {"maxBatchSize": 8, "maxBatchWaitMs": 300},
+        }
+    )
     assert httpx.get(f"{pod.url}/v2/models/demo").json()["parameters"]["max_batch_size"] == 8
     rng = np.random.default_rng(7)
     small = [rng.normal(size=(1, 16)).astype(np.float32) for _ in range(6)]
@@ -43,8 +48,13 @@ def test_batched_results_equal_unbatched_results(pod_factory: Any) -> None:
 
 
 def test_a_failing_batch_fails_every_member_and_nothing_hangs(pod_factory: Any) -> None:
-    pod = pod_factory("--model", "podmodels:boom_model", "--model-name", "boom",
-                      config={"concurrency": {"permits": 1}, "batching": {"maxBatchSize": 4, "maxBatchWaitMs": 500}})
+    pod = pod_factory(
+        "--model",
+        "podmodels:boom_model",
+        "--model-name",
+        "boom",
+        config={"concurrency": {"permits": 1}, "batching": {"maxBatchSize": 4, "maxBatchWaitMs": 500}},
+    )
     bodies = [infer_body(value=v) for v in (1.0, 2.0, -1.0, 3.0)]
     responses = asyncio.run(post_all(pod, bodies))
     assert [r.status_code for r in responses] == [500] * 4
@@ -54,21 +64,31 @@ def test_a_failing_batch_fails_every_member_and_nothing_hangs(pod_factory: Any) 
 
 
 def test_result_counts_are_checked(pod_factory: Any) -> None:
-    pod = pod_factory("--model", "podmodels:short_runner", "--model-name", "short",
-                      config={"concurrency": {"permits": 1}, "batching": {"maxBatchSize": 3, "maxBatchWaitMs": 500}})
+    pod = pod_factory(
+        "--model",
+        "podmodels:short_runner",
+        "--model-name",
+        "short",
+        config={"concurrency": {"permits": 1}, "batching": {"maxBatchSize": 3, "maxBatchWaitMs": 500}},
+    )
     responses = asyncio.run(post_all(pod, [infer_body(value=v) for v in (1.0, 2.0, 3.0)]))
     assert [r.status_code for r in responses] == [500] * 3
     assert "returned 2 results for a batch of 3" in responses[0].json()["error"]
 
 
 def test_degradation_ladder_fallback_then_cache_then_reject(pod_factory: Any) -> None:
-    pod = pod_factory(config={
-        "model": {"spec": "synthetic:800", "name": "demo", "warmupIterations": 1},
-        "concurrency": {"permits": 1},
-        "degradation": {"enabled": True, "waitThresholdSeconds": 0.05,
-                        "fallback": {"spec": "synthetic:2000", "permits": 1},
-                        "cache": {"maxEntries": 16, "ttlSeconds": 300}},
-    })
+    pod = pod_factory(
+        config={
+            "model": {"spec": "synthetic:800", "name": "demo", "warmupIterations": 1},
+            "concurrency": {"permits": 1},
+            "degradation": {
+                "enabled": True,
+                "waitThresholdSeconds": 0.05,
+                "fallback": {"spec": "synthetic:2000", "permits": 1},
+                "cache": {"maxEntries": 16, "ttlSeconds": 300},
+            },
+        }
+    )
 
     async def scenario() -> dict[str, httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as c:

@@ -15,8 +15,13 @@ from sluiceway_pod.runtime import measure, permits_from_memory
 def test_precedence_flags_over_file_over_env(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump({"queue": {"timeoutSeconds": 3, "maxDepth": 10}, "server": {"port": 9000}}))
-    env = {"SLUICEWAY_QUEUE_TIMEOUT": "7", "SLUICEWAY_PORT": "7000", "SLUICEWAY_MODEL": "synthetic:5",
-           "SLUICEWAY_QUEUE__EXEC_TIMEOUT_SECONDS": "11", "UNRELATED": "x"}
+    env = {
+        "SLUICEWAY_QUEUE_TIMEOUT": "7",
+        "SLUICEWAY_PORT": "7000",
+        "SLUICEWAY_MODEL": "synthetic:5",
+        "SLUICEWAY_QUEUE__EXEC_TIMEOUT_SECONDS": "11",
+        "UNRELATED": "x",
+    }
     cfg = load_config(f, {"queue": {"maxDepth": 20}}, env)
     assert cfg.queue.max_depth == 20  # flag beats file
     assert cfg.queue.timeout_seconds == 3  # file beats env
@@ -62,9 +67,13 @@ def test_memory_sized_permits_formula() -> None:
 
 
 def test_cpu_auto_permits_and_auto_queue_bound() -> None:
-    cfg = build_config({"model": {"spec": "synthetic:20", "warmupIterations": 2},
-                        "concurrency": {"permits": "auto", "cpuDefault": 3},
-                        "queue": {"maxDepth": "auto", "targetWaitSeconds": 1.0}})
+    cfg = build_config(
+        {
+            "model": {"spec": "synthetic:20", "warmupIterations": 2},
+            "concurrency": {"permits": "auto", "cpuDefault": 3},
+            "queue": {"maxDepth": "auto", "targetWaitSeconds": 1.0},
+        }
+    )
     sizing = measure(load_runner(cfg.model), cfg)
     assert sizing.permits == 3  # CPU: the documented default
     assert sizing.service_time >= 0.019

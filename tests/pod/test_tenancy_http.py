@@ -162,3 +162,29 @@ def test_invalid_config_exits_nonzero_naming_the_field(tmp_path: Path) -> None:
     )
     assert res.returncode == 2 and "model.spec" in res.stderr
     assert time.monotonic() - start < 60
+
+
+def test_full_queue_critical_displaces_queued_batch_work(pod_factory: Any) -> None:
+    pod = pod_factory("--model", "synthetic:300", "--concurrency", "1", "--max-queue", "2")
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            low = []
+            for _ in range(3):  # one runs, two fill the queue
+                low.append(
+                    asyncio.create_task(
+                        c.post(pod.infer_url, json=infer_body(), headers={"X-Sluiceway-Priority": "batch"})
+                    )
+                )
+                await asyncio.sleep(0.05)
+            await pod.until("sluiceway_queue_depth", lambda v: v >= 2)
+            high = await c.post(pod.infer_url, json=infer_body(), headers={"X-Sluiceway-Priority": "critical"})
+            return list(await asyncio.gather(*low)), high
+
+    low, high = asyncio.run(scenario())
+    assert high.status_code == 200
+    codes = [r.status_code for r in low]
+    assert codes.count(429) == 1 and codes.count(200) == 2
+    displaced = next(r for r in low if r.status_code == 429)
+    assert displaced.json()["reason"] == "displaced" and int(displaced.headers["retry-after"]) >= 1
+    assert pod.metric("sluiceway_rejected_total", reason="displaced", priority="batch") == 1

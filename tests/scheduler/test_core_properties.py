@@ -161,4 +161,25 @@ def test_expired_requests_are_answered_with_the_right_reason():
     first, second, third = sim.records
     assert first.answers == [("ok", None)]
     assert isinstance(second.answers[0][1], QueueTimeout)
-    assert third.answers[0][1] is not None and third.answers[0][1].reason == "deadline"
+    assert third.answers[0][1] is not None and third.answers[0][1].reason == "deadline_expired"
+
+
+def test_a_full_queue_lets_higher_priority_displace_the_youngest_lowest():
+    sim = Sim(settings(permits=1, max_depth=3, aging_seconds=100.0), service=lambda b: 1.0)
+    one = tenant("x")
+    # t=0: one runs, three 'batch' (rank 2) fill the queue; t=0.1: a 'critical' (rank 0) arrives
+    sim.run(
+        [
+            Arrival(0.0, one, 2),
+            *[Arrival(0.01 * i, one, 2) for i in range(1, 4)],
+            Arrival(0.1, one, 0),
+            Arrival(0.2, one, 2),
+        ]
+    )
+    running, b1, b2, b3, critical, late_batch = sim.records
+    assert critical.refused is None and critical.ticket is not None
+    assert b3.answers and b3.answers[0][1] is not None and b3.answers[0][1].reason == "displaced"
+    assert b1.answers == [("ok", None)] and b2.answers == [("ok", None)]  # older ones keep their place
+    assert isinstance(late_batch.refused, QueueFull)  # an equal class cannot displace
+    assert sim.dispatch_order.index(critical) < sim.dispatch_order.index(b1)  # and it goes first
+    assert all(len(r.answers) == 1 for r in sim.records if r.ticket is not None)
