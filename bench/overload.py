@@ -15,7 +15,7 @@ Per server and k it prints (all over the measured window):
   shows as ``timeout`` in the codes); ``ok p99 ms``: p99 latency of the 2xx;
 * ``rej p50/p99 ms``: latency of 429/503/504 answers refused at admission; ``expired``: requests the
   pod admitted, then dropped from its queue when their deadline could no longer be met (its 503
-  message says "in the queue"), counted apart because they wait by design;
+  reason is ``deadline_expired`` or ``queue_timeout``), counted apart because they wait by design;
 * ``wasted``: ``1 - good / computed``, *computed* being the requests the server started computing
   (work whose answer came late or went to a client that had left); ``busy``: computed/s over mu;
 * ``srv cpu`` / ``srv runq``: the server's CPU use and its time runnable but waiting for a CPU
@@ -64,7 +64,7 @@ from .loadgen import (
 from .servers import RESULTS, STARTERS, ServerProc, litserve_available, load_average
 
 REJECT_CODES = (429, 503, 504)
-QUEUED_MARK = "in the queue"
+QUEUED_REASONS = frozenset({"deadline_expired", "queue_timeout"})  # the pod's reasons for "dropped after waiting"
 
 
 def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
@@ -73,10 +73,10 @@ def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
     good = [r for r in win if ok(r) and r.latency is not None and r.latency <= deadline]
     late = [r for r in win if ok(r) and r.latency is not None and r.latency > deadline]
     rejections = [r for r in win if r.status in REJECT_CODES and r.latency is not None]
-    # Refused at admission (answered at once) vs dropped after waiting in the queue: the pod's
-    # messages say "... in the queue" for the latter (its reason, "deadline", is the same for both).
-    rej = [r.latency for r in rejections if QUEUED_MARK not in r.message and r.latency is not None]
-    expired = [r.latency for r in rejections if QUEUED_MARK in r.message and r.latency is not None]
+    # Refused at admission (answered at once) vs dropped after waiting in the queue, told apart by
+    # the pod's reason ("deadline" = refused at once, "deadline_expired" = dropped while queued).
+    rej = [r.latency for r in rejections if r.reason not in QUEUED_REASONS and r.latency is not None]
+    expired = [r.latency for r in rejections if r.reason in QUEUED_REASONS and r.latency is not None]
     lat_ok = [r.latency for r in good if r.latency is not None]
     c0, c1 = res.probes.get("computed_start"), res.probes.get("computed_end")
     computed = (c1 - c0) if isinstance(c0, float) and isinstance(c1, float) else None

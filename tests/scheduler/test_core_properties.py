@@ -176,7 +176,7 @@ def test_a_full_queue_lets_higher_priority_displace_the_youngest_lowest():
             Arrival(0.2, one, 2),
         ]
     )
-    running, b1, b2, b3, critical, late_batch = sim.records
+    _running, b1, b2, b3, critical, late_batch = sim.records
     assert critical.refused is None and critical.ticket is not None
     assert b3.answers and b3.answers[0][1] is not None and b3.answers[0][1].reason == "displaced"
     assert b1.answers == [("ok", None)] and b2.answers == [("ok", None)]  # older ones keep their place
