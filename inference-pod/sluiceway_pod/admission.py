@@ -21,8 +21,10 @@ Guarantees
   2. Find the smallest aged band among the oldest ticket of every (tenant, class); the winning
      class is the highest class (lowest rank) having a ticket at that band.
   3. Among all tenants with a queued ticket of the winning class (and under their
-     ``maxConcurrent``), pick by start-time fair queueing: lowest virtual time, then fewest
-     running per weight, then oldest. That tenant's oldest ticket of the class is dispatched.
+     ``maxConcurrent``), pick by start-time fair queueing: each ticket got the tag
+     ``max(tenant's previous finish tag, virtual time)`` at admission (finish = start + 1/weight),
+     and the virtual time is the tag of the latest dispatch. The smallest tag goes (oldest on ties):
+     well-behaved tenants are served in arrival order, a flooding tenant's tags run ahead.
 
   Worst wait of the lowest class, one tenant: ``K*A + (ceil(Q/N) + 1) * S`` for K classes, aging
   step A, queue bound Q, N permits and a longest service time S. With several tenants the
@@ -56,9 +58,11 @@ from .tenancy import Tenant
 
 P = TypeVar("P")
 
-#: A tenant returning from idle keeps at most this many requests of fair-queueing credit, so a
-#: light, bursty tenant is not queued behind a backlogged one (see docs/scheduling.md).
-IDLE_CREDIT = 2.0
+#: Fair-queueing credit, in requests, that a tenant below its share may bank: its start tags may lag
+#: the virtual time by up to ``BURST_CREDIT / weight``, so a light tenant's short burst is served
+#: in arrival order instead of being interleaved with a backlogged tenant's work.
+BURST_CREDIT = 3.0
+
 
 
 class Answer(Protocol):
@@ -80,6 +84,7 @@ class Ticket(Generic[P]):
     payload: P
     answer: Answer
     state: str = "queued"  # queued -> running -> done | queued -> done
+    vstart: float = 0.0  # start-time fair queueing tag, set at admission
 
     def resolve(self, result: Any = None, error: SluicewayError | None = None) -> bool:
         """Answer once. Returns False (and does nothing) if already answered."""
@@ -146,7 +151,7 @@ class _TenantQueue:
     by_class: list[deque[Ticket[Any]]]
     queued: int = 0
     running: int = 0
-    vtime: float = 0.0
+    last_finish: float = 0.0  # SFQ finish tag of the tenant's last admitted request
 
 
 @dataclass
@@ -184,7 +189,7 @@ class AdmissionCore(Generic[P]):
         self.service = _ServiceEstimate(settings.initial_service_time)
         self._tenants: dict[str, _TenantQueue] = {}
         self._ids = itertools.count(1)
-        self._vclock = 0.0  # global virtual time: start tag of the last dispatch
+        self._vclock = 0.0  # SFQ virtual time: the start tag of the latest dispatched request
         self._deferred_until: float | None = None  # a batch is filling until then
         # (deadline, id, ticket) of queued tickets; entries of tickets that left the queue are
         # dropped lazily, and the heap is rebuilt when they outnumber the live ones.
@@ -321,8 +326,9 @@ class AdmissionCore(Generic[P]):
         t: Ticket[P] = Ticket(
             next(self._ids), tenant, rank, priority_label, now, deadline, reason, batch_key, payload, answer
         )
-        if tq.queued == 0:  # back from idle: at most IDLE_CREDIT requests of banked credit
-            tq.vtime = max(tq.vtime, self._vclock - IDLE_CREDIT / tenant.weight)
+        # start-time fair queueing: tag = max(tenant's last finish tag, virtual time now)
+        t.vstart = max(tq.last_finish, self._vclock - BURST_CREDIT / tenant.weight)
+        tq.last_finish = t.vstart + 1.0 / tenant.weight
         tq.by_class[rank].append(t)
         tq.queued += 1
         self.depth += 1
@@ -413,14 +419,12 @@ class AdmissionCore(Generic[P]):
         candidates = [tq for tq in eligible if tq.by_class[best_class]]
         tq = min(
             candidates,
-            key=lambda q: (q.vtime, q.running / q.tenant.weight, q.by_class[best_class][0].enqueued),
+            key=lambda q: (q.by_class[best_class][0].vstart, q.by_class[best_class][0].enqueued),
         )
         return tq, best_class
 
-    def _charge(self, tq: _TenantQueue) -> None:
-        start = max(tq.vtime, self._vclock)
-        self._vclock = start
-        tq.vtime = start + 1.0 / tq.tenant.weight
+    def _charge(self, t: Ticket[Any]) -> None:
+        self._vclock = max(self._vclock, t.vstart)
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which :meth:`expire` or a deferred batch has work to do."""
@@ -456,7 +460,7 @@ class AdmissionCore(Generic[P]):
             self._remove(t)
             mtq = self._tenants[t.tenant.name]
             mtq.running += 1
-            self._charge(mtq)
+            self._charge(t)
             t.state = "running"
             self.obs.dequeued(t, now - t.enqueued)
         self.in_use += 1

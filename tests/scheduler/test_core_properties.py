@@ -183,3 +183,24 @@ def test_a_full_queue_lets_higher_priority_displace_the_youngest_lowest():
     assert isinstance(late_batch.refused, QueueFull)  # an equal class cannot displace
     assert sim.dispatch_order.index(critical) < sim.dispatch_order.index(b1)  # and it goes first
     assert all(len(r.answers) == 1 for r in sim.records if r.ticket is not None)
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(bursts=st.lists(st.integers(1, 4), min_size=1, max_size=6), service=st.floats(0.005, 0.1))
+def test_a_short_burst_after_idle_is_not_interleaved_with_a_backlogged_tenant(bursts, service):
+    """Up to BURST_CREDIT + 1 requests sent at once by a tenant that was idle run back to back: the
+    k-th of the burst waits at most k service times (the running request, then its own)."""
+    heavy, light = tenant("heavy", 1, max_queued=50), tenant("light", 1)
+    sim = Sim(settings(permits=1, max_depth=10_000, num_classes=3), service=lambda b: service)
+    gap = 30 * service  # long enough for the light tenant to fall behind the virtual time again
+    start = 10 * service + service / 3  # the heavy tenant has been served for a while
+    light_arrivals = [Arrival(start + i * gap, light, 1) for i, k in enumerate(bursts) for _ in range(k)]
+    horizon = start + len(bursts) * gap
+    heavy_arrivals = [Arrival(i * service / 10, heavy, 1) for i in range(int(horizon / service * 10))]
+    sim.run(heavy_arrivals + light_arrivals, until=horizon)
+    lights = [r for r in sim.records if r.arrival.tenant is light]
+    for i, k in enumerate(bursts):
+        burst = lights[sum(bursts[:i]) : sum(bursts[:i]) + k]
+        for pos, rec in enumerate(burst, 1):
+            assert rec.dispatched_at is not None
+            assert rec.dispatched_at - rec.arrival.at <= pos * service + 1e-9
