@@ -130,6 +130,8 @@ def reconcile(
                     }
                 except PrometheusError as err:
                     prom_error = str(err)
+                if prom_error is None and engine == "builtin" and readings.get("queue") is None:
+                    prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
             if engine == "builtin":
                 from sluiceway_scaler.policy import Signals
 

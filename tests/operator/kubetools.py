@@ -10,6 +10,7 @@ Set ``SLUICEWAY_KUBE_BIN`` to use binaries from elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -265,3 +266,36 @@ def establish_crd(admin: Admin, crd: dict[str, Any]) -> None:
         return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
     wait_for(established, 30, what=f"CRD {name} established")
+
+
+@contextlib.contextmanager
+def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> Iterator[Path]:
+    """Run ``sluiceway-operator run`` for real in a subprocess, watching ``namespace``; on exit,
+    check its log for crashes and RBAC denials (it runs under a least-privilege ServiceAccount)."""
+    env = dict(
+        os.environ,
+        KUBECONFIG=str(kubeconfig),
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT / "operator"), str(ROOT / "inference-pod"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env.pop("SLUICEWAY_PROMETHEUS_URL", None)
+    cmd = [sys.executable, "-m", "sluiceway_operator.cli", "run", "-n", namespace, *extra, "-v"]
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        try:
+            time.sleep(1)
+            if proc.poll() is not None:
+                pytest.fail(f"operator exited: {log.read_text()[-3000:]}")
+            yield log
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
+    assert "Forbidden" not in text and " 403" not in text, text[-4000:]

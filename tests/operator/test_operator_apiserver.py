@@ -9,9 +9,6 @@ no KEDA controller exists, so ScaledObjects never report Ready.
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubetools import ROOT, Admin, ControlPlane, establish_crd, wait_for, write_kubeconfig
+from kubetools import ROOT, Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
 from operator_support import load_crd
 from sluiceway_operator.kube import ApiError, Kube
 from sluiceway_pod.tenancy import hash_key
@@ -119,33 +116,8 @@ def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
 @pytest.fixture(scope="module")
 def operator_process(control_plane: ControlPlane, admin: Admin) -> Iterator[Path]:
     kubeconfig = _operator_kubeconfig(control_plane, admin)
-    log = control_plane.workdir / "operator.log"
-    env = dict(
-        os.environ,
-        KUBECONFIG=str(kubeconfig),
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT / "operator"), str(ROOT / "inference-pod"), os.environ.get("PYTHONPATH", "")]
-        ),
-    )
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    cmd = [sys.executable, "-m", "sluiceway_operator.cli", "run", "-n", NS, "--drift-interval", "2", "-v"]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        try:
-            time.sleep(1)
-            if proc.poll() is not None:
-                pytest.fail(f"operator exited: {log.read_text()[-3000:]}")
-            yield log
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    text = log.read_text(errors="replace")
-    assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
-    assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+    with run_operator(kubeconfig, control_plane.workdir / "operator.log", NS, "--drift-interval", "2") as log:
+        yield log
 
 
 def _isvc(name: str, **spec: Any) -> dict[str, Any]:

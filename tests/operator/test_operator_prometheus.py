@@ -18,9 +18,6 @@ printed (``pytest -s``) and quoted in docs/operator.md.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from kubetools import ROOT, Admin, ControlPlane, establish_crd, wait_for, write_kubeconfig
+from kubetools import ROOT, Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
 from operator_support import load_crd
 from podtools import PodProcess, free_port, infer_body, start_pod
 from promtools import PrometheusProcess, prometheus_missing
@@ -183,45 +180,8 @@ def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
 def operator_process(control_plane: ControlPlane, admin: Admin, prometheus: PrometheusProcess) -> Iterator[Path]:
     kubeconfig = _operator_kubeconfig(control_plane, admin)
     log = control_plane.workdir / "operator-prometheus.log"
-    env = dict(
-        os.environ,
-        KUBECONFIG=str(kubeconfig),
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT / "operator"), str(ROOT / "inference-pod"), os.environ.get("PYTHONPATH", "")]
-        ),
-    )
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    env.pop("SLUICEWAY_PROMETHEUS_URL", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "sluiceway_operator.cli",
-        "run",
-        "-n",
-        NS,
-        "--prometheus-url",
-        prometheus.url,
-        "--drift-interval",
-        "1",
-        "-v",
-    ]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        try:
-            time.sleep(1)
-            if proc.poll() is not None:
-                pytest.fail(f"operator exited: {log.read_text()[-3000:]}")
-            yield log
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    text = log.read_text(errors="replace")
-    assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
-    assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+    with run_operator(kubeconfig, log, NS, "--prometheus-url", prometheus.url, "--drift-interval", "1") as running:
+        yield running
 
 
 def _isvc() -> dict[str, Any]:
