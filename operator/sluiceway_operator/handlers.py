@@ -24,13 +24,23 @@ import kopf
 
 from . import GROUP, PLURAL, VERSION
 from .kube import KEDA_CRD, SERVICE_MONITOR_CRD, ApiError, Kube, SecretProblem
-from .prom import PrometheusError, concurrency_query, query_scalar, queue_depth_query, wait_p95_query
+from .prom import (
+    PrometheusError,
+    concurrency_query,
+    query_scalar,
+    queue_depth_query,
+    utilisation_query,
+    wait_p95_query,
+)
 from .render import Environment, Owner, endpoint_url, render
 from .settings import OperatorConfig, apply_kopf_settings
 from .spec import InferenceServiceSpec, SpecError, parse_duration, parse_spec
 from .status import Observed, compute_status
 
 __all__ = ["reconcile", "register"]
+
+#: The builtin engine keeps the GPU permits at most this busy (the scaler's default, 80 %).
+BUILTIN_TARGET_UTILISATION = 0.8
 
 
 def _now() -> str:
@@ -71,6 +81,7 @@ def _builtin_replicas(spec: InferenceServiceSpec, current: int, signals: Any, me
         max_replicas=a.max_replicas,
         target_queue_per_replica=float(a.target_queue_depth_per_replica),
         target_wait_p95=parse_duration(a.target_wait_p95),
+        target_utilisation=BUILTIN_TARGET_UTILISATION,
         scale_up=ScaleUpPolicy(
             max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)
         ),
@@ -127,6 +138,7 @@ def reconcile(
                         "queue": query_scalar(prom_url, queue_depth_query(namespace, name)),
                         "wait": query_scalar(prom_url, wait_p95_query(namespace, name)),
                         "permits": query_scalar(prom_url, concurrency_query(namespace, name)),
+                        "utilisation": query_scalar(prom_url, utilisation_query(namespace, name)),
                     }
                 except PrometheusError as err:
                     prom_error = str(err)
@@ -140,7 +152,9 @@ def reconcile(
                     current = max(spec.autoscaling.min_replicas, 1)
                 queue = readings.get("queue")
                 if prom_url and prom_error is None and queue is not None:
-                    signals = Signals(queue_depth=queue, wait_p95=readings.get("wait"))
+                    signals = Signals(
+                        queue_depth=queue, wait_p95=readings.get("wait"), utilisation=readings.get("utilisation")
+                    )
                 else:  # missing data holds the replicas: never scale down on an empty answer
                     detail = prom_error or (
                         "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"

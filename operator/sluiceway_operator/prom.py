@@ -44,6 +44,14 @@ def concurrency_query(namespace: str, name: str) -> str:
     return f"min(sluiceway_concurrency_limit{{{_selector(namespace, name)}}})"
 
 
+def utilisation_query(namespace: str, name: str, window: str = "2m") -> str:
+    """Busy share of the GPU permits: device-seconds per second over the permits in force."""
+    sel = _selector(namespace, name)
+    return (
+        f"sum(rate(sluiceway_inference_seconds_sum{{{sel}}}[{window}])) / sum(sluiceway_concurrency_limit{{{sel}}})"
+    )
+
+
 def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | None:
     """Run an instant query. ``None`` when the result is empty or NaN; raises PrometheusError."""
     url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})

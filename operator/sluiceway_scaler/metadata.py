@@ -21,6 +21,7 @@ scaleDownMaxPods               --        at most this many pods removed per peri
 scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``
 scaleUpMaxPods                 --        scale-up step limit in pods ...
 scaleUpMaxPercent              --        ... or percent (the larger of the two applies)
+targetUtilisationPercent       80        keep GPU permits at most this busy; 0 turns it off
 rateWindow                     1m        PromQL range for ``rate()`` and the wait quantile
 queryTimeout                   5s        timeout of each Prometheus query
 podMetricsUrls                 --        comma-separated pod ``/metrics`` URLs for StreamIsActive
@@ -47,7 +48,7 @@ KNOWN_KEYS = frozenset(
         "inferenceService", "namespace", "prometheusAddress", "targetQueueDepthPerReplica",
         "targetWaitP95", "targetWaitP95Seconds", "minReplicas", "maxReplicas", "scaleDownWindowSeconds",
         "scaleDownMaxPods", "scaleDownPeriodSeconds", "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
-        "queryTimeout", "podMetricsUrls", "activationPollInterval",
+        "queryTimeout", "podMetricsUrls", "activationPollInterval", "targetUtilisationPercent",
         # Passed through by KEDA for the external trigger itself; ignored here.
         "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "unsafeSsl",
     }
@@ -187,6 +188,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
     period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)
     up_pods = _int(metadata, "scaleUpMaxPods", None, 1, 10_000)
     up_pct = _float(metadata, "scaleUpMaxPercent", None, 1, 10_000)
+    util_pct = _int(metadata, "targetUtilisationPercent", 80, 0, 100)
     assert window is not None and period is not None
 
     rate_window = _str(metadata, "rateWindow") or "1m"
@@ -205,6 +207,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         max_replicas=hi,
         target_queue_per_replica=q_target,
         target_wait_p95=w_target,
+        target_utilisation=util_pct / 100.0 if util_pct else None,
         scale_up=ScaleUpPolicy(max_pods=up_pods, max_percent=up_pct),
         scale_down=ScaleDownPolicy(stabilization_window=window, max_pods=down_pods, period=period),
     )

@@ -57,6 +57,8 @@ class Signals:
     wait_p95: float | None = None
     arrival_rate: float | None = None
     completion_rate: float | None = None
+    #: Busy share of the GPU permits over the rate window (device-seconds per second / permits).
+    utilisation: float | None = None
     ok: bool = True
     detail: str = ""
 
@@ -84,6 +86,8 @@ class ScalingSpec:
     max_replicas: int
     target_queue_per_replica: float | None = None
     target_wait_p95: float | None = None
+    #: Keep the permits this busy (0..1]. Holds replicas under steady load, where the queue reads ~0.
+    target_utilisation: float | None = None
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -98,6 +102,8 @@ class ScalingSpec:
             raise ValueError("target_queue_per_replica must be > 0")
         if self.target_wait_p95 is not None and not self.target_wait_p95 > 0:
             raise ValueError("target_wait_p95 must be > 0")
+        if self.target_utilisation is not None and not 0 < self.target_utilisation <= 1:
+            raise ValueError("target_utilisation must be within (0, 1]")
         up, down = self.scale_up, self.scale_down
         if up.max_pods is not None and up.max_pods < 1:
             raise ValueError("scale_up.max_pods must be >= 1")
@@ -154,6 +160,10 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str]:
         base = max(current, 1)
         n = _ceil(base * max(0.0, signals.wait_p95) / spec.target_wait_p95)
         parts.append((n, f"wait p95 {signals.wait_p95:.3g}s vs {spec.target_wait_p95:g}s x {base} -> {n}"))
+    if spec.target_utilisation is not None and signals.utilisation is not None and current > 0:
+        u = max(0.0, signals.utilisation)
+        n = _ceil(current * u / spec.target_utilisation)
+        parts.append((n, f"utilisation {u:.2f} vs {spec.target_utilisation:.2f} x {current} -> {n}"))
     if not parts:
         return 0, "no wait observed and no backlog target"
     best = max(parts, key=lambda p: p[0])

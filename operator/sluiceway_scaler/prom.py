@@ -56,6 +56,7 @@ class Queries:
     pods_up: str
     service_time: str
     concurrency: str
+    utilisation: str
 
     @classmethod
     def build(cls, namespace: str, inference_service: str, window: str) -> Queries:
@@ -76,6 +77,11 @@ class Queries:
                 f" / sum(rate(sluiceway_inference_seconds_count{{{s}}}[{window}]))"
             ),
             concurrency=f"max(sluiceway_concurrency_limit{{{s}}})",
+            # device-seconds per second (busy permits, batches) over the permits in force
+            utilisation=(
+                f"sum(rate(sluiceway_inference_seconds_sum{{{s}}}[{window}]))"
+                f" / sum(sluiceway_concurrency_limit{{{s}}})"
+            ),
         )
 
 
@@ -146,6 +152,7 @@ class PrometheusSource:
             arrival = self.scalar(address, queries.arrival_rate, timeout)
             completion = self.scalar(address, queries.completion_rate, timeout)
             pods = self.scalar(address, queries.pods_up, timeout)
+            utilisation = self.scalar(address, queries.utilisation, timeout)
         except SourceUnavailable as e:
             log.warning("prometheus read failed: %s", e.message)
             return Signals(None, ok=False, detail=f"source_unavailable: {e.message}"), None
@@ -158,6 +165,7 @@ class PrometheusSource:
                 wait_p95=_finite(wait),
                 arrival_rate=_finite(arrival),
                 completion_rate=_finite(completion),
+                utilisation=_finite(utilisation),
             ),
             int(pods) if pods is not None and math.isfinite(pods) else None,
         )

@@ -212,3 +212,22 @@ def test_history_is_pruned_and_input_unchanged() -> None:
 def test_bad_spec_rejected(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         ScalingSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_utilisation_holds_replicas_under_steady_load_without_a_queue() -> None:
+    """Enough capacity means an empty queue; the busy share of the permits still says how many
+    replicas the load needs, so a steady load does not make the service shrink and regrow."""
+    spec = ScalingSpec(min_replicas=1, max_replicas=10, target_queue_per_replica=2, target_utilisation=0.8,
+                       scale_down=ScaleDownPolicy(stabilization_window=0))
+    history = ScaleHistory()
+    replicas = 4
+    for t in range(0, 600, 15):  # ten minutes of the same steady load: queue 0, permits 75 % busy
+        d = desired_replicas(Signals(queue_depth=0, utilisation=0.75), spec, replicas, history, float(t))
+        history, replicas = d.history, d.replicas
+        assert replicas == 4, d.reason
+    # without the utilisation target the same signals would collapse to the minimum
+    no_util = ScalingSpec(min_replicas=1, max_replicas=10, target_queue_per_replica=2,
+                          scale_down=ScaleDownPolicy(stabilization_window=0))
+    assert desired_replicas(Signals(queue_depth=0, utilisation=0.75), no_util, 4, ScaleHistory(), 0.0).replicas == 1
+    # hotter than the target scales up: 4 x 1.0 / 0.8 = 5
+    assert desired_replicas(Signals(queue_depth=0, utilisation=1.0), spec, 4, ScaleHistory(), 0.0).replicas == 5
