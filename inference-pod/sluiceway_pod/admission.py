@@ -510,12 +510,3 @@ class AdmissionCore(Generic[P]):
     @property
     def idle(self) -> bool:
         return self.depth == 0 and self.in_use == 0
-
-    def queued_by_label(self) -> dict[tuple[str, str], int]:
-        out: dict[tuple[str, str], int] = {}
-        for tq in self._tenants.values():
-            for dq in tq.by_class:
-                for t in dq:
-                    k = (t.tenant.label, t.priority_label)
-                    out[k] = out.get(k, 0) + 1
-        return out

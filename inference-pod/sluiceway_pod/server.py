@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 from collections.abc import Generator
 
 import uvicorn
@@ -101,7 +100,3 @@ def run(config: PodConfig) -> int:
     server = _Server(uv, plane)
     server.run()
     return server.exit_code
-
-
-def main_exit(code: int) -> None:
-    sys.exit(code)
