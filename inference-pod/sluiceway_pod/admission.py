@@ -452,7 +452,9 @@ class AdmissionCore(Generic[P]):
         cap = self.settings.max_batch_size
         if cap > 1:
             members = self._fill(head, cap, now)
-            fill_until = head.enqueued + self.settings.max_batch_wait
+            # never hold a batch so long that a member's queue deadline passes first
+            latest = min(m.deadline for m in members) - self.service.value
+            fill_until = min(head.enqueued + self.settings.max_batch_wait, latest)
             if len(members) < cap and now < fill_until and not self.draining:
                 self._deferred_until = fill_until  # let the batch fill a little longer
                 return None

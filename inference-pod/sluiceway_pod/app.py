@@ -12,9 +12,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.requests import ClientDisconnect
 
 from . import __version__
-from .errors import ModelNotFound, PayloadTooLarge
+from .errors import ClientGone, ModelNotFound, PayloadTooLarge
 from .service import DataPlane, error_response
 
 
@@ -65,14 +66,17 @@ def build_app(plane: DataPlane, registry: CollectorRegistry) -> FastAPI:
     async def infer(name: str, request: Request, version: str | None = None) -> Response:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return _reply(error_response(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")))
+            return _reply(plane.refuse(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")))
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return _reply(error_response(PayloadTooLarge(f"body exceeds {limit} bytes")))
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    return _reply(plane.refuse(PayloadTooLarge(f"body exceeds {limit} bytes")))
+                chunks.append(chunk)
+        except ClientDisconnect:
+            return _reply(plane.refuse(ClientGone("the client disconnected while sending the body")))
 
         async def disconnected() -> None:
             while True:

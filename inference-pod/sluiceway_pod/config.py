@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -134,6 +135,9 @@ class PrioritiesConfig(_Model):
     def _check(self) -> PrioritiesConfig:
         if len(set(self.classes)) != len(self.classes):
             raise ValueError("priority class names must be unique")
+        bad = [c for c in self.classes if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", c)]
+        if bad:
+            raise ValueError(f"priority class names must be lower-case DNS labels: {bad}")
         if self.default not in self.classes:
             raise ValueError(f"default priority {self.default!r} is not one of {self.classes}")
         return self

@@ -145,8 +145,10 @@ class Dispatcher(Generic[P]):
                 self._idle.set()
             nxt = self.core.next_wakeup()
             timeout = None if nxt is None else max(0.0, nxt - self.clock.now())
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races a wake-up
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     def _call(self, payloads: Sequence[P]) -> Sequence[Any]:
         """Runs in a worker thread."""
@@ -158,10 +160,8 @@ class Dispatcher(Generic[P]):
             self._release_cache()
             try:
                 return self._run_batch(payloads)
-            except DeviceOOMSignal:
-                raise DeviceOutOfMemory(
-                    "the device ran out of memory twice for this batch", retry_after=self.core.retry_after()
-                ) from None
+            except DeviceOOMSignal:  # Retry-After is filled in on the loop (the core is loop-owned)
+                raise DeviceOutOfMemory("the device ran out of memory twice for this batch") from None
 
     def _oom(self) -> None:
         limit = self.core.shrink()
@@ -177,7 +177,9 @@ class Dispatcher(Generic[P]):
         except asyncio.CancelledError:  # drain budget exhausted: answer, then let the task end
             err0 = ExecTimeout("the server shut down before inference finished")
             for t in batch.tickets:
+                self.core.obs.rejected(err0.reason, t.tenant, t.priority_label)
                 t.resolve(error=err0)
+            work.add_done_callback(lambda f: self._late_finish(f, batch))
             raise
         if not done:
             err = ExecTimeout(f"inference did not finish within {self.exec_timeout:.3f}s")
@@ -185,12 +187,7 @@ class Dispatcher(Generic[P]):
                 self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
                 t.resolve(error=err)
 
-            def late(f: asyncio.Future[Sequence[Any]]) -> None:
-                if not f.cancelled():
-                    f.exception()  # retrieve, so it is not logged as unhandled
-                self._finish(batch, None)
-
-            work.add_done_callback(late)
+            work.add_done_callback(lambda f: self._late_finish(f, batch))
             return
         elapsed = self.clock.now() - started
         try:
@@ -198,6 +195,8 @@ class Dispatcher(Generic[P]):
             if len(results) != len(batch.tickets):
                 raise ModelError(f"the model returned {len(results)} results for a batch of {len(batch.tickets)}")
         except SluicewayError as e:
+            if isinstance(e, DeviceOutOfMemory) and e.retry_after is None:
+                e.retry_after = self.core.retry_after()
             for t in batch.tickets:
                 self.core.obs.rejected(e.reason, t.tenant, t.priority_label)
                 t.resolve(error=e)
@@ -211,6 +210,12 @@ class Dispatcher(Generic[P]):
             for t, r in zip(batch.tickets, results, strict=True):
                 t.resolve(result=r)
         self._finish(batch, elapsed)
+
+    def _late_finish(self, f: asyncio.Future[Sequence[Any]], batch: Batch[P]) -> None:
+        """Device work whose tickets were already answered (504) has really ended: free the permit."""
+        if not f.cancelled():
+            f.exception()  # retrieve, so it is not logged as unhandled
+        self._finish(batch, None)
 
     def _finish(self, batch: Batch[P], elapsed: float | None) -> None:
         self.core.finish(batch, elapsed)

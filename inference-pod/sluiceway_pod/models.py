@@ -79,9 +79,9 @@ def batchable(specs: Sequence[TensorSpec]) -> bool:
 
 
 def _concat(requests: Sequence[Tensors], names: Sequence[str]) -> tuple[Tensors, list[int]]:
-    rows = [int(next(iter(r.values())).shape[0]) if r else 0 for r in requests]
     if len(requests) == 1:
-        return dict(requests[0]), rows
+        return dict(requests[0]), [0]
+    rows = [next((int(a.shape[0]) for a in r.values() if a.ndim > 0), 0) for r in requests]
     return {n: np.concatenate([r[n] for r in requests], axis=0) for n in names}, rows
 
 

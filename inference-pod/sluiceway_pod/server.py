@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Generator
 
@@ -31,6 +32,7 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.plane = plane
         self.exit_code = 0
+        self.drain_complete = True
         self._drain_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
 
@@ -58,6 +60,7 @@ class _Server(uvicorn.Server):
         if self._start_task is not None and not self._start_task.done():
             self._start_task.cancel()
         complete = await self.plane.drain()
+        self.drain_complete = complete
         log.info("drain %s", "complete" if complete else "budget exhausted; remaining requests answered 503/504")
         self.should_exit = True
 
@@ -99,4 +102,9 @@ def run(config: PodConfig) -> int:
     )
     server = _Server(uv, plane)
     server.run()
+    if not server.drain_complete:
+        # Every request was answered, but a device thread may still be stuck in the model; the
+        # interpreter would join it at exit and hang until SIGKILL. Leave now, with our exit code.
+        logging.shutdown()
+        os._exit(server.exit_code)
     return server.exit_code

@@ -31,6 +31,7 @@ from .errors import (
     DeadlineUnmeetable,
     Draining,
     InvalidInput,
+    ModelError,
     ModelNotFound,
     NotReady,
     Overloaded,
@@ -120,6 +121,8 @@ class DataPlane:
             fallback = await asyncio.to_thread(load_runner, fb.spec, runner.device)
             if [s.name for s in fallback.inputs] != [s.name for s in runner.inputs]:
                 raise ValueError("the fallback model must take the same inputs as the primary model")
+            if [s.name for s in fallback.outputs] != [s.name for s in runner.outputs]:
+                raise ValueError("the fallback model must produce the same outputs as the primary model")
             await asyncio.to_thread(measure, fallback, self.config)
             self.fallback = fallback
             self._fallback_slots = FallbackSlots(fb.permits)
@@ -202,6 +205,13 @@ class DataPlane:
         return doc
 
     # ------------------------------------------------------------------ inference
+    def refuse(self, err: SluicewayError) -> Response:
+        """An answer decided by the transport before the data plane saw the request (413, 499)."""
+        self.metrics.rejected.labels(self.model_name, OTHER, self.config.priorities.default, err.reason).inc()
+        resp = error_response(err)
+        self.metrics.answered(OTHER, self.config.priorities.default, resp.status)
+        return resp
+
     async def infer(
         self,
         model_name: str,
@@ -300,7 +310,10 @@ class DataPlane:
         return await fut  # type: ignore[no-any-return]  # already running: the answer goes nowhere
 
     def _ok(self, req: InferRequest, outputs: Tensors, degraded: str | None = None) -> Response:
-        body, hdrs = encode_response(self.model_name, self.config.model.version, req, outputs)
+        try:
+            body, hdrs = encode_response(self.model_name, self.config.model.version, req, outputs)
+        except (KeyError, TypeError, ValueError) as e:
+            return error_response(ModelError(f"the model's output cannot be encoded: {type(e).__name__}: {e}"))
         if degraded:
             hdrs[DEGRADED_HEADER] = degraded
         return Response(200, body, hdrs)

@@ -46,6 +46,7 @@ def test_snake_and_camel_case_both_work_and_render_camel() -> None:
         ({"concurrency": {"permits": 0}}, "concurrency.permits"),
         ({"priorities": {"classes": ["a", "a"], "default": "a"}}, "unique"),
         ({"priorities": {"default": "vip"}}, "default priority 'vip'"),
+        ({"priorities": {"classes": ["Gold", "standard"], "default": "standard"}}, "lower-case"),
         ({"tenants": {"tenants": [{"name": "x"}, {"name": "x"}]}}, "tenant names must be unique"),
         ({"tenants": {"allowAnonymous": False}}, "nobody could call"),
         ({"model": {"spec": "synthetic:-4"}}, "model.spec"),

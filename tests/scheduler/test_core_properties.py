@@ -204,3 +204,11 @@ def test_a_short_burst_after_idle_is_not_interleaved_with_a_backlogged_tenant(bu
         for pos, rec in enumerate(burst, 1):
             assert rec.dispatched_at is not None
             assert rec.dispatched_at - rec.arrival.at <= pos * service + 1e-9
+
+
+def test_a_filling_batch_is_never_held_past_a_member_deadline():
+    sim = Sim(settings(permits=1, queue_timeout=0.5, max_batch_size=8, max_batch_wait=10.0), service=lambda b: 0.01)
+    sim.run([Arrival(0.0, tenant("x"), 1)])
+    (only,) = sim.records
+    assert only.answers == [("ok", None)]  # dispatched when its deadline came, not expired
+    assert only.dispatched_at is not None and only.dispatched_at < 0.5
