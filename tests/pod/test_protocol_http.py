@@ -6,6 +6,8 @@ import json
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -179,3 +181,20 @@ def test_metric_names_pass_promtool(demo: PodProcess) -> None:
     problems = res.stdout.decode() + res.stderr.decode()
     assert res.returncode == 0, problems
     assert "sluiceway_" not in problems, problems
+
+
+def test_torchscript_file_is_served(pod_factory: Any, tmp_path: Path) -> None:
+    path = tmp_path / "mlp.pt"
+    torch.jit.script(build_demo_module()).save(str(path))
+    pod = pod_factory("--model", str(path), "--model-name", "scripted", config={"model": {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+    }})
+    meta = httpx.get(f"{pod.url}/v2/models/scripted").json()
+    assert meta["platform"] == "pytorch_torchscript"
+    rows = np.array([ROW, [0.5] * 16], dtype=np.float32)
+    r = httpx.post(pod.infer_url, json={"inputs": [{"name": "INPUT0", "shape": [2, 16], "datatype": "FP32",
+                                                     "data": rows.tolist()}]}, timeout=30)
+    assert r.status_code == 200, r.text
+    out = np.array(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 4)
+    np.testing.assert_allclose(out, expected(rows), rtol=1e-5, atol=1e-6)
