@@ -202,19 +202,11 @@ def isolation(ns: argparse.Namespace, mu: float, service: float, slo: float, run
     heavy = Stream("heavy", 10 * heavy_quota, {"Authorization": f"Bearer {keys['heavy']}"},
                    timeout_s=ns.timeout_f)
     core = SERVER_CORE if client_pinned() else None
-    runs: list[dict[str, Any]] = []
     plan: list[tuple[str, str, list[Stream]]] = [("sluiceway", "alone", [light]),
                                                  ("sluiceway", "with heavy", [light, heavy])]
     if not ns.no_baseline:
         plan += [("fastapi", "alone", [light]), ("fastapi", "with heavy", [light, heavy])]
-    for server, scenario, streams in plan:
-        srv = (start_pod(log_dir, config_file=cfg, core=core) if server == "sluiceway"
-               else start_fastapi(log_dir, service_ms=ns.service_ms, core=core))
-        r = run_scenario(srv, streams, ns, slo, service)
-        r["scenario"] = scenario
-        runs.append(r)
-        print(f"  {server} {scenario}: light {_brief(r['streams']['light'])}"
-              + (f" | heavy {_brief(r['streams']['heavy'])}" if "heavy" in r["streams"] else ""), flush=True)
+    runs = run_plan(plan, ns, slo, service, log_dir, cfg, core, ("light", "heavy"))
 
     print(f"\n## (f) tenant isolation: light {light_rate:.1f}/s (quota {2 * light_rate:.1f}/s), heavy "
           f"{10 * heavy_quota:.1f}/s = 10x its quota of {heavy_quota:.1f}/s; "
@@ -262,15 +254,7 @@ def priority(ns: argparse.Namespace, mu: float, service: float, slo: float, run_
                                                  ("sluiceway", "high + low", [high, low])]
     if not ns.no_baseline:
         plan.append(("fastapi", "high + low", [high, low]))
-    runs: list[dict[str, Any]] = []
-    for server, scenario, streams in plan:
-        srv = (start_pod(log_dir, config_file=cfg, core=core) if server == "sluiceway"
-               else start_fastapi(log_dir, service_ms=ns.service_ms, core=core))
-        r = run_scenario(srv, streams, ns, slo, service)
-        r["scenario"] = scenario
-        runs.append(r)
-        print(f"  {server} {scenario}: high {_brief(r['streams']['high'])}"
-              + (f" | low {_brief(r['streams']['low'])}" if "low" in r["streams"] else ""), flush=True)
+    runs = run_plan(plan, ns, slo, service, log_dir, cfg, core, ("high", "low"))
 
     pod_params: dict[str, Any] = next((r["server_params"] for r in runs if r["server"] == "sluiceway"), {})
     q = int(pod_params.get("max_queue", 0) or 0)
@@ -314,6 +298,23 @@ def _load_cols(r: dict[str, Any]) -> list[str]:
 
 def client_pinned() -> bool:
     return cores() == {CLIENT_CORE}
+
+
+
+def run_plan(plan: list[tuple[str, str, list[Stream]]], ns: Any, slo: float, service: float, log_dir: Any,
+             cfg: Any, core: Any, names: tuple[str, str]) -> list[dict[str, Any]]:
+    """Run each (server, scenario, streams) on a fresh server process; print one line per run."""
+    runs: list[dict[str, Any]] = []
+    first, second = names
+    for server, scenario, streams in plan:
+        srv = (start_pod(log_dir, config_file=cfg, core=core) if server == "sluiceway"
+               else start_fastapi(log_dir, service_ms=ns.service_ms, core=core))
+        r = run_scenario(srv, streams, ns, slo, service)
+        r["scenario"] = scenario
+        runs.append(r)
+        print(f"  {server} {scenario}: {first} {_brief(r['streams'][first])}"
+              + (f" | {second} {_brief(r['streams'][second])}" if second in r["streams"] else ""), flush=True)
+    return runs
 
 
 def _brief(s: dict[str, Any]) -> str:

@@ -6,15 +6,14 @@ client channel. Helpers live in scaler_support.py.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from podtools import start_pod
 from prometheus_client import CollectorRegistry
-from scaler_support import PROMETHEUS, Pod, Prometheus, Scaler, _env, _pod_cli_missing, free_port, wait_http
+from scaler_support import PROMETHEUS, Pod, Prometheus, Scaler, free_port
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.service import ExternalScalerService, serve
@@ -23,45 +22,12 @@ from sluiceway_scaler.service import ExternalScalerService, serve
 @pytest.fixture(scope="module")
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     """One real sluiceway-pod: synthetic 50 ms model, one permit, so a few clients build a queue."""
-    missing = _pod_cli_missing()
-    if missing:
-        pytest.skip(missing)
-    port = free_port()
-    log = (tmp_path_factory.mktemp("pod") / "pod.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluiceway_pod.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model",
-            "synthetic:50",
-            "--concurrency",
-            "1",
-            "--max-queue",
-            "500",
-            "--queue-timeout",
-            "60",
-        ],
-        env=_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    p = start_pod(tmp_path_factory.mktemp("pod"), "--model", "synthetic:50", "--concurrency", "1",
+                  "--max-queue", "500", "--queue-timeout", "60")
     try:
-        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", 120, proc)
-        yield Pod(port, proc)
+        yield Pod(p.port, p.proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        p.terminate(10)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ Everything binds 127.0.0.1 on free ports; load is bounded in clients and seconds
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import threading
@@ -35,13 +34,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env() -> dict[str, str]:
-    path = os.pathsep.join(
-        [str(ROOT / "inference-pod"), str(ROOT / "operator"), os.environ.get("PYTHONPATH", "")]
-    )
-    return dict(os.environ, PYTHONPATH=path)
-
-
 @dataclass
 class Pod:
     port: int
@@ -58,12 +50,6 @@ class Pod:
     @property
     def infer_url(self) -> str:
         return f"{self.base}/v2/models/demo/infer"
-
-
-def _pod_cli_missing() -> str | None:
-    if not (ROOT / "inference-pod" / "sluiceway_pod" / "cli.py").exists():
-        return "sluiceway-pod CLI (inference-pod/sluiceway_pod/cli.py) not present"
-    return None
 
 
 @dataclass
