@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sluiceway_pod.config import build_config
+from sluiceway_core.config import build_config
 
 from .common import (
     fmt,

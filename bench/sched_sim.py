@@ -26,9 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluiceway_core.config import TenantsConfig
 from sluiceway_pod.admission import AdmissionCore, AdmissionSettings, Batch
 from sluiceway_pod.clock import ManualClock
-from sluiceway_pod.config import TenantsConfig
 from sluiceway_pod.errors import SluicewayError
 from sluiceway_pod.tenancy import TenantRegistry, TokenBucket
 

@@ -4,5 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 ruff check .
-mypy inference-pod/sluiceway_pod operator/sluiceway_operator operator/sluiceway_scaler
+mypy core/sluiceway_core inference-pod/sluiceway_pod operator/sluiceway_operator operator/sluiceway_scaler
+lint-imports
 python3 -m pytest -q -p no:cacheprovider "$@"

@@ -1,7 +1,7 @@
 """The HTTP adapter: FastAPI routes for the Open Inference Protocol v2 and ``/metrics``.
 
-Only translation happens here: bytes and headers go to :class:`~sluiceway_pod.service.DataPlane`
-and its :class:`~sluiceway_pod.service.Response` comes back. Status codes are decided once, in
+Only translation happens here: bytes and headers go to :class:`~sluiceway_pod.data_plane.DataPlane`
+and its :class:`~sluiceway_pod.data_plane.Response` comes back. Status codes are decided once, in
 :mod:`sluiceway_pod.errors`. Runs on the uvicorn event loop that also owns the data plane.
 """
 
@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.requests import ClientDisconnect
 
 from . import __version__
+from .data_plane import DataPlane, error_response
 from .errors import ClientGone, ModelNotFound, PayloadTooLarge
-from .service import DataPlane, error_response
 
 
 def _reply(r: Any) -> Response:

@@ -15,7 +15,7 @@ import logging
 import sys
 from typing import Any
 
-from .config import ConfigError, load_config
+from sluiceway_core.config import ConfigError, load_config
 
 
 def _int_or_auto(v: str) -> int | str:

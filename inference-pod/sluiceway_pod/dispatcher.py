@@ -36,15 +36,12 @@ from .errors import (
     ModelError,
     SluicewayError,
 )
+from .models import DeviceOOMSignal
 from .tenancy import Tenant
 
 log = logging.getLogger("sluiceway.dispatcher")
 
 P = TypeVar("P")
-
-
-class DeviceOOMSignal(Exception):
-    """Raised by ``run_batch`` when the device is out of memory (the runtime translates CUDA's)."""
 
 
 class Dispatcher(Generic[P]):

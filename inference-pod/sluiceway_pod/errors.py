@@ -110,6 +110,12 @@ class ModelError(SluicewayError):
     reason = "model_error"
 
 
+class DeviceOutOfMemory(SluicewayError):
+    """The device ran out of memory twice for the same work (after shrinking permits and one retry)."""
+
+    reason = "oom"
+
+
 class ClientGone(SluicewayError):
     """The client disconnected while its request was queued; nobody reads the answer."""
 
@@ -134,6 +140,7 @@ _HTTP: dict[type[SluicewayError], int] = {
     NotReady: 503,
     ExecTimeout: 504,
     ModelError: 500,
+    DeviceOutOfMemory: 503,
     ClientGone: 499,
 }
 
@@ -144,11 +151,3 @@ def http_status(err: SluicewayError) -> int:
             return _HTTP[cls]
     return 500
 
-
-class DeviceOutOfMemory(SluicewayError):
-    """The device ran out of memory twice for the same work (after shrinking permits and one retry)."""
-
-    reason = "oom"
-
-
-_HTTP[DeviceOutOfMemory] = 503

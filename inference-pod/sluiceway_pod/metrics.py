@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sluiceway_core import metric_names as names
 
 from .admission import Ticket
 from .tenancy import Tenant
@@ -24,57 +25,59 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class PodMetrics:
-    """Also the admission core's :class:`~sluiceway_pod.admission.Observer`."""
+    """Every metric of the pod. It is also the admission core's observer: it implements the
+    :class:`~sluiceway_pod.admission.Observer` protocol that :class:`~sluiceway_pod.admission.AdmissionCore`
+    calls."""
 
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
         self.model = model
         m = ["model"]
         mtp = ["model", "tenant", "priority"]
         self.queue_depth = Gauge(
-            "sluiceway_queue_depth", "Requests waiting in the admission queue.", mtp, registry=registry
+            names.QUEUE_DEPTH, "Requests waiting in the admission queue.", mtp, registry=registry
         )
-        self.enqueued = Counter("sluiceway_enqueued_total", "Requests admitted into the queue.", m, registry=registry)
+        self.enqueued = Counter(names.ENQUEUED, "Requests admitted into the queue.", m, registry=registry)
         self.dequeued = Counter(
-            "sluiceway_dequeued_total",
+            names.DEQUEUED,
             "Requests that left the queue (dispatched, expired or withdrawn).",
             m,
             registry=registry,
         )
         self.requests = Counter(
-            "sluiceway_requests_total",
+            names.REQUESTS,
             "Inference requests answered, by HTTP status.",
             [*mtp, "code"],
             registry=registry,
         )
         self.rejected = Counter(
-            "sluiceway_rejected_total", "Requests refused or failed, by reason.", [*mtp, "reason"], registry=registry
+            names.REJECTED, "Requests refused or failed, by reason.", [*mtp, "reason"], registry=registry
         )
         self.queue_wait = Histogram(
-            "sluiceway_queue_wait_seconds",
+            names.QUEUE_WAIT_SECONDS,
             "Time spent waiting in the queue.",
             mtp,
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
         self.inference = Histogram(
-            "sluiceway_inference_seconds", "Device time per batch.", m, buckets=INFER_BUCKETS, registry=registry
+            names.INFERENCE_SECONDS, "Device time per batch.", m, buckets=INFER_BUCKETS, registry=registry
         )
-        self.limit = Gauge("sluiceway_concurrency_limit", "GPU permits in force.", m, registry=registry)
+        self.limit = Gauge(names.CONCURRENCY_LIMIT, "GPU permits in force.", m, registry=registry)
         self.in_use = Gauge(
-            "sluiceway_concurrency_in_use", "GPU permits held by running batches.", m, registry=registry
+            names.CONCURRENCY_IN_USE, "GPU permits held by running batches.", m, registry=registry
         )
         self.gpu_memory = Gauge(
-            "sluiceway_gpu_memory_allocated_bytes", "Device memory allocated by torch.", m, registry=registry
+            names.GPU_MEMORY_ALLOCATED, "Device memory allocated by torch.", m, registry=registry
         )
-        self.oom = Counter("sluiceway_oom_total", "Device out-of-memory errors caught.", m, registry=registry)
+        self.oom = Counter(names.OOM, "Device out-of-memory errors caught.", m, registry=registry)
         self.batch_size = Histogram(
-            "sluiceway_batch_size", "Requests per executed batch.", m, buckets=BATCH_BUCKETS, registry=registry
+            names.BATCH_SIZE, "Requests per executed batch.", m, buckets=BATCH_BUCKETS, registry=registry
         )
         self.degraded = Counter(
-            "sluiceway_degraded_total", "Requests answered in a degraded mode.", ["model", "mode"], registry=registry
+            names.DEGRADED, "Requests answered in a degraded mode.", ["model", "mode"], registry=registry
         )
         self.ready = Gauge(
-            "sluiceway_ready", "1 when the model is warm and the pod accepts work.", m, registry=registry
+            names.READY, "1 when the model is warm and the pod accepts work.", m, registry=registry
         )
         for g in (self.limit, self.in_use, self.gpu_memory, self.ready):
             g.labels(model)

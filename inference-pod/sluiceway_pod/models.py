@@ -23,9 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-
-from .config import ModelConfig, TensorSpecConfig
-from .dispatcher import DeviceOOMSignal
+from sluiceway_core.config import ModelConfig, TensorSpecConfig
 
 Tensors = dict[str, np.ndarray]
 
@@ -41,6 +39,12 @@ DTYPES: dict[str, Any] = {
     "FP64": np.float64,
 }
 NP_TO_OIP = {np.dtype(v).str: k for k, v in DTYPES.items()}
+
+
+class DeviceOOMSignal(Exception):
+    """Raised by a runner's ``run_batch`` when the device is out of memory (the runner translates
+    CUDA's error into this, so the dispatcher and admission core never import torch)."""
+
 
 
 def oip_datatype(arr: np.ndarray) -> str:

@@ -17,9 +17,10 @@ import math
 import time
 from dataclasses import dataclass
 
-from .config import PodConfig
+from sluiceway_core.config import PodConfig
+from sluiceway_core.queueing import queue_bound
+
 from .models import Runner, batchable, example_request
-from .queueing import queue_bound
 
 
 @dataclass(frozen=True)

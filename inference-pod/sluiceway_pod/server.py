@@ -18,11 +18,11 @@ from collections.abc import Generator
 
 import uvicorn
 from prometheus_client import CollectorRegistry, disable_created_metrics
+from sluiceway_core.config import PodConfig
 
 from .app import build_app
-from .config import PodConfig
+from .data_plane import DataPlane
 from .metrics import PodMetrics
-from .service import DataPlane
 
 log = logging.getLogger("sluiceway.server")
 

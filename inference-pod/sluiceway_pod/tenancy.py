@@ -18,16 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluiceway_core.config import TenantLimits, TenantsConfig
+
 from .clock import Clock
-from .config import TenantLimits, TenantsConfig
 from .errors import InvalidInput, Unauthenticated
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 OTHER = "other"
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def parse_keys_file(text: str) -> list[tuple[str, str]]:

@@ -21,20 +21,16 @@ import time
 from typing import Any
 
 import kopf
+from sluiceway_core.keys import hash_key
+from sluiceway_core.signals import Queries
+from sluiceway_core.units import parse_duration
 
 from . import GROUP, PLURAL, VERSION
 from .kube import KEDA_CRD, SERVICE_MONITOR_CRD, ApiError, Kube, SecretProblem
-from .prom import (
-    PrometheusError,
-    concurrency_query,
-    query_scalar,
-    queue_depth_query,
-    utilisation_query,
-    wait_p95_query,
-)
+from .prom import PrometheusError, query_scalar
 from .render import Environment, Owner, endpoint_url, render
 from .settings import OperatorConfig, apply_kopf_settings
-from .spec import InferenceServiceSpec, SpecError, parse_duration, parse_spec
+from .spec import InferenceServiceSpec, SpecError, parse_spec
 from .status import Observed, compute_status
 
 __all__ = ["reconcile", "register"]
@@ -50,8 +46,6 @@ def _now() -> str:
 def _key_hashes(
     kube: Kube, namespace: str, spec: InferenceServiceSpec
 ) -> dict[str, str] | list[SecretProblem]:
-    from sluiceway_pod.tenancy import hash_key
-
     hashes: dict[str, str] = {}
     problems: list[SecretProblem] = []
     for tenant in spec.keyed_tenants:
@@ -66,8 +60,8 @@ def _key_hashes(
 
 
 def _builtin_replicas(spec: InferenceServiceSpec, current: int, signals: Any, memo: Any) -> tuple[int, str]:
-    """Apply the shared scaling policy (``sluiceway_scaler.policy``)."""
-    from sluiceway_scaler.policy import (
+    """Apply the shared scaling policy (``sluiceway_core.policy``)."""
+    from sluiceway_core.policy import (
         ScaleDownPolicy,
         ScaleHistory,
         ScaleUpPolicy,
@@ -133,19 +127,20 @@ def reconcile(
             engine = spec.autoscaling.engine
             prom_url = spec.autoscaling.prometheus_address or config.prometheus_url
             if prom_url:
+                queries = Queries.build(namespace, name)
                 try:
                     readings = {
-                        "queue": query_scalar(prom_url, queue_depth_query(namespace, name)),
-                        "wait": query_scalar(prom_url, wait_p95_query(namespace, name)),
-                        "permits": query_scalar(prom_url, concurrency_query(namespace, name)),
-                        "utilisation": query_scalar(prom_url, utilisation_query(namespace, name)),
+                        "queue": query_scalar(prom_url, queries.queue_depth),
+                        "wait": query_scalar(prom_url, queries.wait_p95),
+                        "permits": query_scalar(prom_url, queries.concurrency),
+                        "utilisation": query_scalar(prom_url, queries.utilisation),
                     }
                 except PrometheusError as err:
                     prom_error = str(err)
                 if prom_error is None and engine == "builtin" and readings.get("queue") is None:
                     prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
             if engine == "builtin":
-                from sluiceway_scaler.policy import Signals
+                from sluiceway_core.policy import Signals
 
                 current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
                 if deployment is None:

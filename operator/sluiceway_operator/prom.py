@@ -1,8 +1,4 @@
-"""Prometheus: the PromQL for one InferenceService, and a small blocking query client.
-
-The query builders are pure and shared by the renderer (KEDA ``prometheus`` triggers) and the
-operator's status and built-in autoscaling engine. Series of one service carry the labels
-``namespace`` and ``inferenceservice`` (set by the ServiceMonitor relabeling).
+"""Prometheus: a small blocking query client. The PromQL itself is :mod:`sluiceway_core.signals`.
 
 :func:`query_scalar` does blocking HTTP with a timeout; the kopf handlers run it in kopf's thread
 pool (they are sync handlers), never on the event loop.
@@ -15,41 +11,11 @@ import math
 import urllib.parse
 import urllib.request
 
-__all__ = ["PrometheusError", "query_scalar", "queue_depth_query", "wait_p95_query"]
+__all__ = ["PrometheusError", "query_scalar"]
 
 
 class PrometheusError(RuntimeError):
     """Prometheus could not be queried or answered something unusable."""
-
-
-def _selector(namespace: str, name: str) -> str:
-    return f'namespace="{namespace}",inferenceservice="{name}"'
-
-
-def queue_depth_query(namespace: str, name: str) -> str:
-    """Requests waiting over all pods of the service."""
-    return f"sum(sluiceway_queue_depth{{{_selector(namespace, name)}}})"
-
-
-def wait_p95_query(namespace: str, name: str, window: str = "2m") -> str:
-    """95th percentile queue wait in seconds over ``window`` (NaN when nothing waited)."""
-    return (
-        "histogram_quantile(0.95, sum by (le) "
-        f"(rate(sluiceway_queue_wait_seconds_bucket{{{_selector(namespace, name)}}}[{window}])))"
-    )
-
-
-def concurrency_query(namespace: str, name: str) -> str:
-    """GPU permits in force per pod (the smallest over pods)."""
-    return f"min(sluiceway_concurrency_limit{{{_selector(namespace, name)}}})"
-
-
-def utilisation_query(namespace: str, name: str, window: str = "2m") -> str:
-    """Busy share of the GPU permits: device-seconds per second over the permits in force."""
-    sel = _selector(namespace, name)
-    return (
-        f"sum(rate(sluiceway_inference_seconds_sum{{{sel}}}[{window}])) / sum(sluiceway_concurrency_limit{{{sel}}})"
-    )
 
 
 def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | None:

@@ -9,7 +9,7 @@ Children, all named after the InferenceService and owned by it (controller owner
 kind                      name                what
 ========================  ==================  ===============================================
 ConfigMap                 ``<name>-config``   the pod config (``config.yaml``), rendered and
-                                              validated by :class:`sluiceway_pod.config.PodConfig`
+                                              validated by :class:`sluiceway_core.config.PodConfig`
 Secret                    ``<name>-keys``     ``keys.txt``: ``<sha256-of-key> <tenant>`` lines
 Deployment                ``<name>``          the inference pods
 Service                   ``<name>``          ports ``http`` (8080) and ``metrics``
@@ -28,11 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluiceway_pod.config import ConfigError, PodConfig, build_config
+from sluiceway_core.config import ConfigError, PodConfig, build_config
+from sluiceway_core.signals import Queries
+from sluiceway_core.units import parse_duration, parse_quantity, parse_rate
 
 from . import GROUP, KIND, VERSION
-from .prom import queue_depth_query, wait_p95_query
-from .spec import InferenceServiceSpec, LimitsSpec, SpecError, parse_duration, parse_quantity, parse_rate
+from .spec import InferenceServiceSpec, LimitsSpec, SpecError
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
@@ -483,7 +484,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": prometheus,
-                    "query": queue_depth_query(owner.namespace, owner.name),
+                    "query": Queries.build(owner.namespace, owner.name).queue_depth,
                     "threshold": str(a.target_queue_depth_per_replica),
                     "ignoreNullValues": "true",
                 },
@@ -494,7 +495,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
                 "metricType": "Value",
                 "metadata": {
                     "serverAddress": prometheus,
-                    "query": wait_p95_query(owner.namespace, owner.name),
+                    "query": Queries.build(owner.namespace, owner.name).wait_p95,
                     "threshold": _num(wait_target),
                     "ignoreNullValues": "true",
                 },

@@ -10,73 +10,16 @@ quantities to bytes.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from sluiceway_core.units import UnitError, parse_duration
 
-__all__ = [
-    "InferenceServiceSpec",
-    "SpecError",
-    "parse_duration",
-    "parse_quantity",
-    "parse_rate",
-    "parse_spec",
-]
-
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
-_DURATION_FULL = re.compile(r"^([0-9]+(ms|s|m|h))+$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|)$")
-_QUANTITY_FACTOR = {
-    "": 1,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
+__all__ = ["InferenceServiceSpec", "SpecError", "parse_spec"]
 
 class SpecError(ValueError):
     """The spec cannot be turned into a working service. ``str()`` names the field."""
-
-
-def parse_duration(text: str) -> float:
-    """``"1m30s"`` -> 90.0 seconds. Go duration notation restricted to integers and ms/s/m/h."""
-    if not _DURATION_FULL.match(text):
-        raise SpecError(f"{text!r} is not a duration like 500ms, 5s, 1m30s")
-    return sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
-
-
-def parse_rate(text: str) -> float:
-    """``"30/m"`` -> 0.5 tokens per second."""
-    m = re.match(r"^([0-9]+)/(s|m|h)$", text)
-    if not m:
-        raise SpecError(f"{text!r} is not a rate like 10/s or 30/m")
-    return int(m.group(1)) / _UNIT_SECONDS[m.group(2)]
-
-
-def parse_quantity(value: int | str) -> int:
-    """A Kubernetes quantity (``"1Gi"``, ``"500M"``, ``2``) -> an integer, rounded up."""
-    if isinstance(value, int):
-        return value
-    m = _QUANTITY.match(value.strip())
-    if not m:
-        raise SpecError(f"{value!r} is not a quantity like 1Gi or 500M")
-    number = float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
-    return int(-(-number // 1))
 
 
 class _Model(BaseModel):
@@ -265,7 +208,7 @@ class InferenceServiceSpec(_Model):
         for field_path, text in self._durations():
             try:
                 parse_duration(text)
-            except SpecError as err:
+            except UnitError as err:
                 raise ValueError(f"{field_path}: {err}") from None
         t = self.timeouts
         if not 0 < parse_duration(t.queue) < parse_duration(t.request):

@@ -38,10 +38,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from sluiceway_scaler.errors import InvalidMetadata
-from sluiceway_scaler.policy import ScaleDownPolicy, ScaleUpPolicy, ScalingSpec
+from sluiceway_core.policy import ScaleDownPolicy, ScaleUpPolicy, ScalingSpec
+from sluiceway_core.units import parse_seconds
 
-__all__ = ["KNOWN_KEYS", "TriggerConfig", "parse_duration", "parse_metadata"]
+from sluiceway_scaler.errors import InvalidMetadata
+
+__all__ = ["KNOWN_KEYS", "TriggerConfig", "parse_metadata"]
 
 KNOWN_KEYS = frozenset(
     {
@@ -55,9 +57,7 @@ KNOWN_KEYS = frozenset(
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _PROM_RANGE = re.compile(r"^[1-9]\d*(ms|s|m|h)$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 @dataclass(frozen=True)
@@ -75,14 +75,6 @@ class TriggerConfig:
     def metric_name(self) -> str:
         """The metric this trigger announces; one per ScaledObject (KEDA adds its ``sN-`` prefix)."""
         return f"sluiceway-replicas-{self.namespace}-{self.inference_service}"[:200]
-
-
-def parse_duration(text: str) -> float:
-    """``500ms`` / ``2s`` / ``1.5m`` / ``1h`` / plain seconds -> seconds. Raises ValueError."""
-    m = _DURATION.match(text.strip())
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 2s, 1m or a number of seconds)")
-    return float(m.group(1)) * _UNIT[m.group(2)]
 
 
 def _str(md: Mapping[str, str], key: str) -> str | None:
@@ -124,7 +116,7 @@ def _duration(md: Mapping[str, str], key: str, default: float | None, lo: float,
     if v is None:
         return default
     try:
-        x = parse_duration(v)
+        x = parse_seconds(v)
     except ValueError as e:
         raise InvalidMetadata(key, str(e)) from None
     if not lo <= x <= hi:

@@ -13,15 +13,16 @@ import math
 import sys
 from dataclasses import asdict
 
+from sluiceway_core.units import parse_seconds
+
 from sluiceway_scaler.errors import SourceUnavailable
-from sluiceway_scaler.metadata import parse_duration
 from sluiceway_scaler.planner import Plan, plan
 from sluiceway_scaler.prom import PrometheusSource, Queries
 
 
 def _duration(text: str) -> float:
     try:
-        return parse_duration(text)
+        return parse_seconds(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -3,7 +3,7 @@
 Given an arrival rate, a measured service time and a target queue-wait p95:
 
 * **servers** (GPU permits over the whole fleet) = the smallest ``c`` whose M/M/c wait p95 meets the
-  target (:func:`sluiceway_pod.queueing.min_servers_for_wait`);
+  target (:func:`sluiceway_core.queueing.min_servers_for_wait`);
 * **replicas** = ``ceil(servers / concurrency)`` for a given concurrency per replica, or
   **concurrency** = ``ceil(servers / replicas)`` for a given replica count;
 * **queue bound per replica** = N*T/S with N = concurrency per replica (what ``--max-queue auto``
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sluiceway_pod.queueing import min_servers_for_wait, mmc_metrics, mmck_rejection, queue_bound
+from sluiceway_core.queueing import min_servers_for_wait, mmc_metrics, mmck_rejection, queue_bound
 
 __all__ = ["LOAD_FACTORS", "LoadPoint", "Plan", "plan"]
 

@@ -25,65 +25,16 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from sluiceway_core.policy import Signals
+from sluiceway_core.signals import Queries
 from urllib3.util.retry import Retry
 
 from sluiceway_scaler.errors import SourceUnavailable
 from sluiceway_scaler.metrics import ScalerMetrics
-from sluiceway_scaler.policy import Signals
 
-__all__ = ["PrometheusSource", "Queries", "ServiceStats", "selector"]
+__all__ = ["PrometheusSource", "Queries", "ServiceStats"]
 
 log = logging.getLogger(__name__)
-
-_LABEL_VALUE_BAD = ('"', "\\", "\n")
-
-
-def selector(namespace: str, inference_service: str) -> str:
-    for v in (namespace, inference_service):
-        if any(c in v for c in _LABEL_VALUE_BAD):
-            raise ValueError(f"label value must not contain quotes, backslashes or newlines: {v!r}")
-    return f'namespace="{namespace}",inferenceservice="{inference_service}"'
-
-
-@dataclass(frozen=True)
-class Queries:
-    """The PromQL the scaler and the planner run, for one InferenceService."""
-
-    queue_depth: str
-    wait_p95: str
-    arrival_rate: str
-    completion_rate: str
-    pods_up: str
-    service_time: str
-    concurrency: str
-    utilisation: str
-
-    @classmethod
-    def build(cls, namespace: str, inference_service: str, window: str) -> Queries:
-        s = selector(namespace, inference_service)
-        return cls(
-            # Pods that are up but have not created a queue-depth series yet count as 0; if no pod
-            # is up the result is empty (-> hold), never 0.
-            queue_depth=f"sum(sluiceway_queue_depth{{{s}}}) or (sum(up{{{s}}} == 1) * 0)",
-            wait_p95=(
-                "histogram_quantile(0.95, sum by (le) "
-                f"(rate(sluiceway_queue_wait_seconds_bucket{{{s}}}[{window}])))"
-            ),
-            arrival_rate=f"sum(rate(sluiceway_enqueued_total{{{s}}}[{window}]))",
-            completion_rate=f"sum(rate(sluiceway_dequeued_total{{{s}}}[{window}]))",
-            pods_up=f"sum(up{{{s}}} == 1)",
-            service_time=(
-                f"sum(rate(sluiceway_inference_seconds_sum{{{s}}}[{window}]))"
-                f" / sum(rate(sluiceway_inference_seconds_count{{{s}}}[{window}]))"
-            ),
-            concurrency=f"max(sluiceway_concurrency_limit{{{s}}})",
-            # device-seconds per second (busy permits, batches) over the permits in force
-            utilisation=(
-                f"sum(rate(sluiceway_inference_seconds_sum{{{s}}}[{window}]))"
-                f" / sum(sluiceway_concurrency_limit{{{s}}})"
-            ),
-        )
-
 
 @dataclass(frozen=True)
 class ServiceStats:

@@ -9,7 +9,7 @@ decision state behind one lock; the lock is held only while the policy runs, nev
 
 How KEDA/HPA arrive at our replica count: ``GetMetricSpec`` announces one metric with
 ``targetSizeFloat = 1`` and ``GetMetrics`` returns ``metricValueFloat = desired replicas`` from
-:func:`~sluiceway_scaler.policy.desired_replicas`. With the trigger's ``metricType: AverageValue``
+:func:`~sluiceway_core.policy.desired_replicas`. With the trigger's ``metricType: AverageValue``
 (KEDA's default) the HPA computes ``ceil(value / target) = desired replicas``. ``Value`` would
 multiply by the current replica count, so it must not be used. The HPA's 10 % tolerance still
 applies (from 10 replicas up, a change of one replica may be ignored until the next one).
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from sluiceway_core.policy import Decision, ScaleHistory, desired_replicas
 
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
@@ -41,7 +42,6 @@ from sluiceway_scaler.errors import NoDecisionYet, ScalerError, UnknownMetric, g
 from sluiceway_scaler.metadata import TriggerConfig, parse_metadata
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.podpoll import PodActivity, poll_pods
-from sluiceway_scaler.policy import Decision, ScaleHistory, desired_replicas
 from sluiceway_scaler.prom import PrometheusSource, Queries
 
 __all__ = ["ExternalScalerService", "serve"]

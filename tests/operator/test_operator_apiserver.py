@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubetools import ROOT, Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
 from operator_support import load_crd
+from sluiceway_core.keys import hash_key
 from sluiceway_operator.kube import ApiError, Kube
-from sluiceway_pod.tenancy import hash_key
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -31,8 +31,8 @@ from kubetools import ROOT, Admin, ControlPlane, establish_crd, run_operator, wa
 from operator_support import load_crd
 from podtools import PodProcess, free_port, infer_body, start_pod
 from promtools import PrometheusProcess, prometheus_missing
+from sluiceway_core.signals import Queries
 from sluiceway_operator.kube import Kube
-from sluiceway_operator.prom import queue_depth_query
 
 _POD_CLI = ROOT / "inference-pod" / "sluiceway_pod" / "cli.py"
 
@@ -235,7 +235,7 @@ class View:
         return next((c for c in conds if c["type"] == "AutoscalingReady"), {})
 
     def prom_queue(self) -> float | None:
-        result = self.prom.query(queue_depth_query(NS, NAME))
+        result = self.prom.query(Queries.build(NS, NAME).queue_depth)
         return float(result[0]["value"][1]) if result else None
 
 

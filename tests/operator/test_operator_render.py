@@ -13,10 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from operator_support import GOLDEN, TEST_KEYS, case_names, load_case
+from sluiceway_core.config import PodConfig
+from sluiceway_core.keys import hash_key
 from sluiceway_operator.render import CONFIG_HASH_ANNOTATION, Environment, Owner, render
 from sluiceway_operator.spec import SpecError, parse_spec
-from sluiceway_pod.config import PodConfig
-from sluiceway_pod.tenancy import hash_key
 
 K8S_VERSION = "1.34.0"
 ENV = Environment(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sluiceway_pod.config import ConfigError, PodConfig, build_config, load_config
+from sluiceway_core.config import ConfigError, PodConfig, build_config, load_config
+from sluiceway_core.queueing import queue_bound
 from sluiceway_pod.models import load_runner
-from sluiceway_pod.queueing import queue_bound
 from sluiceway_pod.runtime import measure, permits_from_memory
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from sluiceway_core.units import parse_seconds
 from sluiceway_scaler.errors import InvalidMetadata
-from sluiceway_scaler.metadata import parse_duration, parse_metadata
+from sluiceway_scaler.metadata import parse_metadata
 
 GOOD = {
     "inferenceService": "demo",
@@ -54,10 +55,10 @@ def test_overrides() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("500ms", 0.5), ("2s", 2), ("1.5m", 90), ("1h", 3600), ("3", 3)]
+    ("text", "seconds"), [("500ms", 0.5), ("2s", 2), ("1.5m", 90), ("1h", 3600), ("1m30s", 90), ("3", 3)]
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
+    assert parse_seconds(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sluiceway_scaler.policy import (
+from sluiceway_core.policy import (
     Decision,
     ScaleDownPolicy,
     ScaleHistory,

@@ -7,9 +7,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluiceway_core.config import TenantLimits
 from sluiceway_pod.admission import AdmissionCore, AdmissionSettings, Batch, Ticket
 from sluiceway_pod.clock import ManualClock
-from sluiceway_pod.config import TenantLimits
 from sluiceway_pod.errors import SluicewayError
 from sluiceway_pod.tenancy import Tenant
 

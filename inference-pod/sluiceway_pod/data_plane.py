@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import orjson
+from sluiceway_core.config import PodConfig
 
 from .admission import AdmissionCore, AdmissionSettings
 from .clock import Clock, MonotonicClock
-from .config import PodConfig
 from .degradation import FallbackSlots, ResponseCache
 from .dispatcher import Dispatcher
 from .errors import (

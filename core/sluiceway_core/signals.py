@@ -1,0 +1,65 @@
+"""The PromQL that reads one InferenceService's signals: one definition for the scaler, the
+planner, the operator's status and builtin engine, and the rendered KEDA ``prometheus`` triggers.
+
+Every series is selected by the labels the scrape config sets on an InferenceService's pods:
+``namespace="<ns>", inferenceservice="<name>"``. Pure: builds strings, runs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import metric_names as m
+
+__all__ = ["Queries", "selector"]
+
+_LABEL_VALUE_BAD = ('"', "\\", "\n")
+
+
+def selector(namespace: str, inference_service: str) -> str:
+    """The label matchers of one service. Raises ValueError on characters PromQL would misread."""
+    for v in (namespace, inference_service):
+        if any(c in v for c in _LABEL_VALUE_BAD):
+            raise ValueError(f"label value must not contain quotes, backslashes or newlines: {v!r}")
+    return f'namespace="{namespace}",inferenceservice="{inference_service}"'
+
+
+@dataclass(frozen=True)
+class Queries:
+    """The PromQL read for one InferenceService over one rate window."""
+
+    queue_depth: str
+    wait_p95: str
+    arrival_rate: str
+    completion_rate: str
+    pods_up: str
+    service_time: str
+    concurrency: str
+    utilisation: str
+
+    @classmethod
+    def build(cls, namespace: str, inference_service: str, window: str = "2m") -> Queries:
+        s = selector(namespace, inference_service)
+        return cls(
+            # Pods that are up but have not created a queue-depth series yet count as 0; if no pod
+            # is up the result is empty (-> hold), never 0.
+            queue_depth=f"sum({m.QUEUE_DEPTH}{{{s}}}) or (sum(up{{{s}}} == 1) * 0)",
+            # NaN when nothing waited inside the window.
+            wait_p95=(
+                "histogram_quantile(0.95, sum by (le) "
+                f"(rate({m.QUEUE_WAIT_SECONDS}_bucket{{{s}}}[{window}])))"
+            ),
+            arrival_rate=f"sum(rate({m.ENQUEUED}{{{s}}}[{window}]))",
+            completion_rate=f"sum(rate({m.DEQUEUED}{{{s}}}[{window}]))",
+            pods_up=f"sum(up{{{s}}} == 1)",
+            service_time=(
+                f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}]))"
+                f" / sum(rate({m.INFERENCE_SECONDS}_count{{{s}}}[{window}]))"
+            ),
+            # GPU permits in force per pod (the largest over pods).
+            concurrency=f"max({m.CONCURRENCY_LIMIT}{{{s}}})",
+            # device-seconds per second (busy permits, batches) over the permits in force
+            utilisation=(
+                f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}])) / sum({m.CONCURRENCY_LIMIT}{{{s}}})"
+            ),
+        )
