@@ -12,13 +12,31 @@ The rule, in order:
 2. **Raw recommendation** = the larger of
 
    * backlog: ``ceil(queue_depth / target_queue_per_replica)``, and
-   * wait: ``ceil(current * wait_p95 / target_wait_p95)`` (proportional, like an HPA ``Value``
+   * wait: ``ceil(ready * wait_p95 / target_wait_p95)`` (proportional, like an HPA ``Value``
      metric); skipped when there is no wait target or no wait data (no request waited in the
-     window: the histogram has no observations).
+     window: the histogram has no observations);
+   * utilisation: ``ceil(ready * utilisation / target_utilisation)``, where ``ready`` is
+     ``Signals.ready_replicas`` when known (else ``current``): the pods that produced the
+     measurement, as the HPA uses its ready pod count;
+   * demand (only while requests are refused, i.e. the offered rate exceeds the completed rate by
+     more than 2 %): ``ceil(offered * request_cost / (permits * target_utilisation))`` (Little's
+     law; ``request_cost`` is device seconds per answered request). A saturated pod's utilisation
+     reads 1 whatever the demand; the offered rate (answered or refused) measures it.
+     When this term applies, the backlog term is capped at it: saturated pods hold full queues
+     whatever the demand, and counting that as demand overshoots;
+   * predictive (only with ``predict_seconds`` set; off by default): the offered rate projected
+     ``predict_seconds`` ahead along its trend, over what one replica completes at the target
+     utilisation: ``ceil(current * utilisation * projected / completed / target_utilisation)``.
+     Used only while the offered rate is rising. ``predict_seconds`` is meant to be the pods'
+     start-up time, so capacity asked for now is ready when the load arrives (see docs/scalesim.md).
 
    bounded by ``[min_replicas, max_replicas]``.
 3. **Fast up.** Above ``current`` the recommendation applies at once (the scale-up window is 0),
    limited only by an optional step: at most ``max(current + max_pods, current * (1 + max_percent))``.
+   While pods asked for earlier are still starting (``ready_replicas < current``), the step is
+   taken from the ready count instead, and never lowers ``current``: a backlog that capacity already
+   on its way will absorb is not paid for again on every poll (the simulator showed that without
+   this the fleet overshoots to ``max_replicas`` when pods take minutes to start).
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
    ``stabilization_window`` seconds (HPA semantics), and it may not drop more than ``max_pods``
    below the highest replica count decided within the last ``period`` seconds.
@@ -59,6 +77,14 @@ class Signals:
     completion_rate: float | None = None
     #: Busy share of the GPU permits over the rate window (device-seconds per second / permits).
     utilisation: float | None = None
+    #: Requests offered per second (admitted or not) and its slope in requests/s per second.
+    offered_rate: float | None = None
+    offered_trend: float | None = None
+    #: Device seconds per answered request, and GPU permits per pod (for the demand term).
+    request_cost: float | None = None
+    permits: int | None = None
+    #: Pods that serve (scraped and up). Below the current replica count, pods are still starting.
+    ready_replicas: int | None = None
     ok: bool = True
     detail: str = ""
 
@@ -73,11 +99,14 @@ class ScaleUpPolicy:
 
 @dataclass(frozen=True)
 class ScaleDownPolicy:
-    """Scale-down stabilisation: window in seconds and at most ``max_pods`` removed per ``period``."""
+    """Scale-down stabilisation: window in seconds, and per ``period`` at most ``max_pods`` removed
+    or ``max_percent`` of the replicas, whichever allows more (like an HPA ``selectPolicy: Max``).
+    Both ``None``: no rate limit."""
 
     stabilization_window: float = 300.0
     max_pods: int | None = None
     period: float = 60.0
+    max_percent: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +117,8 @@ class ScalingSpec:
     target_wait_p95: float | None = None
     #: Keep the permits this busy (0..1]. Holds replicas under steady load, where the queue reads ~0.
     target_utilisation: float | None = None
+    #: Predictive term: project the offered rate this many seconds ahead (None: off).
+    predict_seconds: float | None = None
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -104,6 +135,8 @@ class ScalingSpec:
             raise ValueError("target_wait_p95 must be > 0")
         if self.target_utilisation is not None and not 0 < self.target_utilisation <= 1:
             raise ValueError("target_utilisation must be within (0, 1]")
+        if self.predict_seconds is not None and not self.predict_seconds > 0:
+            raise ValueError("predict_seconds must be > 0")
         up, down = self.scale_up, self.scale_down
         if up.max_pods is not None and up.max_pods < 1:
             raise ValueError("scale_up.max_pods must be >= 1")
@@ -113,6 +146,8 @@ class ScalingSpec:
             raise ValueError("scale_down.stabilization_window must be >= 0")
         if down.max_pods is not None and down.max_pods < 1:
             raise ValueError("scale_down.max_pods must be >= 1")
+        if down.max_percent is not None and not 0 < down.max_percent <= 100:
+            raise ValueError("scale_down.max_percent must be within (0, 100]")
         if not down.period > 0:
             raise ValueError("scale_down.period must be > 0")
 
@@ -152,22 +187,68 @@ def _ceil(x: float) -> int:
 def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str]:
     parts: list[tuple[int, str]] = []
     assert signals.queue_depth is not None
+    # The proportional terms scale the pods that produced the measurement: the ready ones when
+    # known (like the HPA's readyPodCount). Multiplying by ``current`` while pods are still
+    # starting would compound the same measurement on every poll.
+    serving = current if signals.ready_replicas is None else min(current, signals.ready_replicas)
+    demand = _demand(signals, spec, serving)
     if spec.target_queue_per_replica is not None:
         n = _ceil(max(0.0, signals.queue_depth) / spec.target_queue_per_replica)
         target = spec.target_queue_per_replica
-        parts.append((n, f"backlog {signals.queue_depth:g}/{target:g} per replica -> {n}"))
+        text = f"backlog {signals.queue_depth:g}/{target:g} per replica -> {n}"
+        if demand is not None and n > demand[0]:
+            # Saturated pods hold a full queue whatever the demand; when the demand is measured,
+            # the backlog asks for no more than it (the new capacity drains the queue).
+            n = demand[0]
+            text += f", capped at the measured demand {n}"
+        parts.append((n, text))
     if spec.target_wait_p95 is not None and signals.wait_p95 is not None:
-        base = max(current, 1)
+        base = max(serving, 1)
         n = _ceil(base * max(0.0, signals.wait_p95) / spec.target_wait_p95)
         parts.append((n, f"wait p95 {signals.wait_p95:.3g}s vs {spec.target_wait_p95:g}s x {base} -> {n}"))
-    if spec.target_utilisation is not None and signals.utilisation is not None and current > 0:
+    if spec.target_utilisation is not None and signals.utilisation is not None and serving > 0:
         u = max(0.0, signals.utilisation)
-        n = _ceil(current * u / spec.target_utilisation)
-        parts.append((n, f"utilisation {u:.2f} vs {spec.target_utilisation:.2f} x {current} -> {n}"))
+        n = _ceil(serving * u / spec.target_utilisation)
+        parts.append((n, f"utilisation {u:.2f} vs {spec.target_utilisation:.2f} x {serving} -> {n}"))
+    if demand is not None:
+        parts.append(demand)
+    predicted = _predicted(signals, spec, serving)
+    if predicted is not None:
+        parts.append(predicted)
     if not parts:
         return 0, "no wait observed and no backlog target"
     best = max(parts, key=lambda p: p[0])
     return best[0], "; ".join(p[1] for p in parts)
+
+
+def _demand(signals: Signals, spec: ScalingSpec, serving: int) -> tuple[int, str] | None:
+    """The demand term: while requests are being refused, the replicas the offered rate needs at
+    the target utilisation (Little's law: busy permits = offered rate x device seconds per request).
+    None when off (no utilisation target) or not applicable."""
+    if spec.target_utilisation is None or serving <= 0:
+        return None
+    offered, cost, permits = signals.offered_rate, signals.request_cost, signals.permits
+    done = signals.completion_rate if signals.completion_rate is not None else signals.arrival_rate
+    if offered is None or cost is None or permits is None or done is None or cost <= 0 or permits <= 0:
+        return None
+    if offered <= done * 1.02:
+        return None
+    n = _ceil(offered * cost / (permits * spec.target_utilisation))
+    tu = spec.target_utilisation
+    return n, f"demand {offered:.3g}/s offered x {cost:.3g}s / ({permits} permits x {tu:.2f}) -> {n}"
+
+
+def _predicted(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str] | None:
+    """The predictive term (module docstring), or None when off or not applicable."""
+    if spec.predict_seconds is None or current <= 0:
+        return None
+    u, offered, trend, done = signals.utilisation, signals.offered_rate, signals.offered_trend, signals.arrival_rate
+    if u is None or offered is None or trend is None or done is None or trend <= 0 or done <= 0 or u <= 0:
+        return None
+    projected = offered + trend * spec.predict_seconds
+    target = spec.target_utilisation or 1.0
+    n = _ceil(current * u * projected / done / target)
+    return n, f"offered {offered:.3g}/s rising {trend:.3g}/s^2 -> {projected:.3g}/s in {spec.predict_seconds:g}s -> {n}"
 
 
 def desired_replicas(
@@ -196,7 +277,21 @@ def desired_replicas(
             limits.append(current + up.max_pods)
         if up.max_percent is not None:
             limits.append(math.ceil(current * (1 + up.max_percent / 100.0)))
-        if limits:
+        ready = signals.ready_replicas
+        if ready is not None and ready < current:
+            # Pods asked for earlier are still starting: step from the replicas that serve, so the
+            # same backlog is not paid for again every poll while capacity is on its way.
+            base = max(1, ready)
+            limits = [base + up.max_pods] if up.max_pods is not None else []
+            if up.max_percent is not None:
+                limits.append(math.ceil(base * (1 + up.max_percent / 100.0)))
+            if not limits:
+                limits = [2 * base]
+            cap = max(limits)
+            if replicas > cap:
+                replicas = max(cap, current)
+                why += f"; {current - ready} pods still starting: step from {ready} ready -> {replicas}"
+        elif limits:
             step_cap = max(max(limits), current + 1)
             if replicas > step_cap:
                 replicas = step_cap
@@ -208,13 +303,19 @@ def desired_replicas(
         if replicas > bounded:
             why += f"; stabilised at {replicas} (highest in {spec.scale_down.stabilization_window:g}s)"
         down = spec.scale_down
-        if down.max_pods is not None:
+        if down.max_pods is not None or down.max_percent is not None:
             period_start = now - down.period
             recent = [e.replicas for e in history.entries if e.at >= period_start]
-            floor = max([current, *recent]) - down.max_pods
+            top = max([current, *recent])
+            allowed = max(
+                down.max_pods or 0,
+                math.floor(top * down.max_percent / 100.0) if down.max_percent is not None else 0,
+                1,
+            )
+            floor = top - allowed
             if replicas < floor:
                 replicas = floor
-                why += f"; scale-down limited to {down.max_pods} pods per {down.period:g}s -> {replicas}"
+                why += f"; scale-down limited to {allowed} pods per {down.period:g}s -> {replicas}"
         # Bounds win over stabilisation: never above max even if the history says so.
         replicas = min(spec.max_replicas, max(spec.min_replicas, min(replicas, current)))
     else:

@@ -1,0 +1,3 @@
+from .compare import main
+
+raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""Run every policy on the same trace and arrivals, print a table, write JSON and a PNG.
+
+Usage: ``python -m bench.scalesim --trace diurnal|flash|ramp|onoff|csv:PATH [--replicas N]
+[--hours H] [--seed S] [--out DIR] [--policies a,b,...] [--startup LO,HI]``.
+
+``--replicas`` sizes the peak load: the busiest second offers what ``N`` replicas complete at 80 %
+utilisation, so the oracle needs about ``0.94 * N`` replicas at the peak. Every policy may use up
+to ``2 * N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .controllers import (
+    Controller,
+    HpaUtilisation,
+    KedaPrometheusQueue,
+    Kpa,
+    Oracle,
+    OursBuiltin,
+    OursKeda,
+    RayServe,
+    default_spec,
+    rendered_behavior,
+)
+from .model import Record, ServiceModel, Startup
+from .sim import Scores, run
+from .traces import Trace, arrivals, make_trace
+
+__all__ = ["POLICIES", "build_policies", "compare", "main"]
+
+POLICIES = (
+    "ours-keda",
+    "ours-keda-summed-windows",
+    "ours-builtin",
+    "ours-keda-predictive",
+    "keda-prometheus",
+    "hpa-utilisation",
+    "knative-kpa",
+    "ray-serve",
+    "oracle",
+)
+
+
+def build_policies(
+    names: Sequence[str], model: ServiceModel, rate: np.ndarray, max_replicas: int
+) -> list[Controller]:
+    spec = default_spec(max_replicas)
+    predictive = replace(spec, predict_seconds=model.startup.mean)
+    makers: dict[str, Callable[[], Controller]] = {
+        "ours-keda": lambda: OursKeda(spec, rendered_behavior(spec, windows_add_up=True)),
+        "ours-keda-summed-windows": lambda: OursKeda(
+            spec, rendered_behavior(spec, windows_add_up=False), name="ours-keda-summed-windows"
+        ),
+        "ours-builtin": lambda: OursBuiltin(spec),
+        "ours-keda-predictive": lambda: OursKeda(
+            predictive, rendered_behavior(spec, windows_add_up=True), predictive=True, name="ours-keda-predictive"
+        ),
+        "keda-prometheus": lambda: KedaPrometheusQueue(8.0, 1, max_replicas),
+        "hpa-utilisation": lambda: HpaUtilisation(0.8, 1, max_replicas),
+        "knative-kpa": lambda: Kpa(model.permits, 1, max_replicas),
+        "ray-serve": lambda: RayServe(1, max_replicas),
+        "oracle": lambda: Oracle(rate, model, 1, max_replicas),
+    }
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(makers)}")
+    return [makers[n]() for n in names]
+
+
+def compare(
+    trace: Trace, model: ServiceModel, names: Sequence[str], max_replicas: int, seed: int
+) -> tuple[list[Scores], dict[str, Record]]:
+    arrived = arrivals(trace, seed)
+    results: list[Scores] = []
+    records: dict[str, Record] = {}
+    for ctl in build_policies(names, model, trace.rate, max_replicas):
+        scores, rec = run(trace.name, trace.rate, arrived, ctl, model, seed=seed)
+        results.append(scores)
+        records[ctl.name] = rec
+    return results, records
+
+
+def table(results: Sequence[Scores]) -> str:
+    oracle = next((r for r in results if r.policy == "oracle"), None)
+    head = "| policy | SLO attained | refused | wait p95 (s) | GPU-hours | x oracle | scale events | flaps | peak |"
+    lines = [head, "|" + "---|" * 9]
+    for r in results:
+        ratio = f"{r.gpu_hours / oracle.gpu_hours:.3f}" if oracle and oracle.gpu_hours else "n/a"
+        lines.append(
+            f"| {r.policy} | {100 * r.slo_attainment:.3f}% | {100 * r.refused_share:.3f}% | {r.wait_p95:.3f} | "
+            f"{r.gpu_hours:.1f} | {ratio} | {r.scale_events} | {r.flaps} | {r.peak_replicas} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(trace: Trace, records: dict[str, Record], model: ServiceModel, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5))
+    hours = np.arange(trace.seconds) / 3600.0
+    step = max(1, trace.seconds // 2000)
+    need = trace.rate / model.replica_rate
+    ax.plot(hours[::step], need[::step], color="black", lw=1.2, label="load (replicas at 100 %)")
+    for name, rec in records.items():
+        ax.plot(hours[::step], rec.total[::step], lw=0.9, label=name)
+    ax.set_xlabel("hours")
+    ax.set_ylabel("replicas")
+    ax.set_title(f"scalesim: {trace.name}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scalesim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default="diurnal", help="diurnal, flash, ramp, onoff or csv:PATH")
+    ap.add_argument("--replicas", type=int, default=100, help="replicas the peak needs at 80 %% utilisation")
+    ap.add_argument("--hours", type=float, default=24.0, help="simulated hours (ignored for csv)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="bench/results/scalesim", help="directory for JSON and PNG")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--startup", default="30,180", help="pod start-up delay range LO,HI in seconds")
+    ap.add_argument("--service-time", type=float, default=0.2)
+    ap.add_argument("--permits", type=int, default=4)
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        lo, hi = (float(x) for x in args.startup.split(","))
+        model = ServiceModel(service_time=args.service_time, permits=args.permits, startup=Startup(lo, hi))
+        peak = args.replicas * model.replica_rate * 0.8
+        trace = make_trace(args.trace, int(args.hours * 3600), peak, args.seed)
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        started = time.perf_counter()
+        results, records = compare(trace, model, names, 2 * args.replicas, args.seed)
+        elapsed = time.perf_counter() - started
+    except (ValueError, OSError) as err:
+        print(f"scalesim: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"trace {trace.name}: {trace.seconds} s, peak {trace.rate.max():.0f} req/s, "
+        f"{int(sum(r.requests for r in results[:1]))} requests; replica = {model.permits} permits x "
+        f"{model.service_time}s, queue {model.queue_per_replica}, deadline {model.deadline}s, "
+        f"start-up {model.startup.lo:g}-{model.startup.hi:g}s; {len(results)} policies in {elapsed:.1f}s"
+    )
+    print(table(results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = trace.name.replace(":", "_")
+    (out / f"{stem}.json").write_text(json.dumps([r.row() for r in results], indent=2))
+    if not args.no_plot:
+        plot(trace, records, model, out / f"{stem}.png")
+        print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0

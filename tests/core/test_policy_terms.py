@@ -1,0 +1,89 @@
+"""The scaling policy's terms that the simulator (bench/scalesim) led to: ready-based proportional
+terms, the demand term, the backlog cap, the scale-up step while pods start, percent scale-down and
+the predictive term. Each failed before its change."""
+
+from __future__ import annotations
+
+import pytest
+from sluiceway_core.policy import ScaleDownPolicy, ScaleHistory, ScaleUpPolicy, ScalingSpec, Signals, desired_replicas
+
+SPEC = ScalingSpec(
+    min_replicas=1,
+    max_replicas=1000,
+    target_queue_per_replica=8,
+    target_wait_p95=2.0,
+    target_utilisation=0.8,
+    scale_up=ScaleUpPolicy(max_pods=4, max_percent=100),
+    scale_down=ScaleDownPolicy(stabilization_window=300, max_pods=1, period=60),
+)
+
+
+def decide(signals: Signals, current: int, spec: ScalingSpec = SPEC, history: ScaleHistory | None = None) -> int:
+    return desired_replicas(signals, spec, current, history or ScaleHistory(), 1000.0).replicas
+
+
+def test_proportional_terms_scale_the_ready_pods_not_the_pods_asked_for() -> None:
+    """100 pods were asked for, 50 serve at 95 % busy: the measurement says 50 * 0.95 / 0.8 = 60,
+    not 100 * 0.95 / 0.8 = 119 (which, poll after poll, compounded to max_replicas)."""
+    busy = Signals(queue_depth=0, utilisation=0.95, ready_replicas=50)
+    assert decide(busy, 100) == 99  # 60 < 100: a (rate-limited) scale-down, not a scale-up
+    assert decide(Signals(queue_depth=0, utilisation=0.95), 100) == 119  # unknown ready: as before
+    waiting = Signals(queue_depth=0, wait_p95=4.0, ready_replicas=50)
+    assert decide(waiting, 100) == 100  # 50 * 4 / 2 = 100
+
+
+def test_demand_term_sizes_for_the_offered_rate_while_requests_are_refused() -> None:
+    # 10 pods of 4 permits at 0.2 s complete 200/s; 800/s are offered: 800 * 0.2 / (4 * 0.8) = 50
+    sat = Signals(
+        queue_depth=400, utilisation=1.0, offered_rate=800, completion_rate=200, request_cost=0.2, permits=4,
+        ready_replicas=10,
+    )
+    spec = ScalingSpec(min_replicas=1, max_replicas=1000, target_queue_per_replica=8, target_utilisation=0.8)
+    d = desired_replicas(sat, spec, 10, ScaleHistory(), 0.0)
+    assert d.replicas == 50
+    flooded = Signals(**{**sat.__dict__, "queue_depth": 4000})
+    assert decide(flooded, 10, spec) == 50  # 4000 / 8 = 500 without the cap
+    served = Signals(**{**sat.__dict__, "offered_rate": 200, "queue_depth": 4000})
+    assert decide(served, 10, spec) == 500  # nothing refused: the demand term does not apply
+
+
+def test_scale_up_steps_from_the_ready_pods_while_others_start() -> None:
+    spec = ScalingSpec(
+        min_replicas=1,
+        max_replicas=1000,
+        target_queue_per_replica=1,
+        scale_up=ScaleUpPolicy(max_pods=4, max_percent=100),
+    )
+    assert decide(Signals(queue_depth=500, ready_replicas=20), 30, spec) == 40  # 2 x 20 ready
+    assert decide(Signals(queue_depth=500, ready_replicas=10), 30, spec) == 30  # never below current
+    assert decide(Signals(queue_depth=500), 30, spec) == 60  # unknown ready: 2 x current
+
+
+@pytest.mark.parametrize(("percent", "expected"), [(None, 99), (10.0, 90), (0.5, 99)])
+def test_scale_down_by_percent(percent: float | None, expected: int) -> None:
+    spec = ScalingSpec(
+        min_replicas=1,
+        max_replicas=1000,
+        target_queue_per_replica=8,
+        scale_down=ScaleDownPolicy(stabilization_window=0, max_pods=1, period=60, max_percent=percent),
+    )
+    assert decide(Signals(queue_depth=0), 100, spec) == expected
+    with pytest.raises(ValueError, match="max_percent"):
+        ScaleDownPolicy(max_percent=0)
+        ScalingSpec(min_replicas=1, max_replicas=2, target_queue_per_replica=1,
+                    scale_down=ScaleDownPolicy(max_percent=0))
+
+
+def test_predictive_term_only_when_asked_and_only_on_a_rising_rate() -> None:
+    rising = Signals(
+        queue_depth=0, utilisation=0.8, arrival_rate=100, offered_rate=100, offered_trend=1.0, ready_replicas=10
+    )
+    assert decide(rising, 10) == 10  # off by default
+    spec = ScalingSpec(min_replicas=1, max_replicas=1000, target_queue_per_replica=8, target_utilisation=0.8,
+                       predict_seconds=100)
+    # 10 pods at 0.8 complete 100/s; in 100 s 200/s are expected: 10 * 0.8 * 200 / 100 / 0.8 = 20
+    assert decide(rising, 10, spec) == 20
+    falling = Signals(**{**rising.__dict__, "offered_trend": -1.0})
+    assert decide(falling, 10, spec) == 10
+    with pytest.raises(ValueError, match="predict_seconds"):
+        ScalingSpec(min_replicas=1, max_replicas=2, target_queue_per_replica=1, predict_seconds=0)
