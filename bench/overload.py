@@ -1,8 +1,10 @@
 """Benchmark (b)+(c): goodput and rejection latency under overload, ours against plain FastAPI.
 
 The pod serves ``synthetic:20`` with one permit and ``--max-queue auto``; the baseline is plain
-FastAPI with the same stand-in and one permit (no queue bound, no deadline handling); LitServe with
-the same stand-in joins when it is installed. Each server, fresh for every point and pinned to core
+FastAPI with the same stand-in and one permit (no queue bound, no deadline handling); ``seedafter``
+is the seed's own "after" design (FastAPI + ``asyncio.Semaphore(1)`` acquired with a 30 s timeout
++ a thread pool of the same size, :mod:`bench.baseline_pool`); LitServe with the same stand-in joins
+when it is installed. Each server, fresh for every point and pinned to core
 0, gets open-loop Poisson load at ``k * mu`` (k = 1, 2, 4 by default) from the generator on core 1,
 every request carrying a 200 ms client deadline (``X-Sluiceway-Deadline-Ms`` plus a client
 timeout at scheduled send + 200 ms). ``mu`` is measured in the same run: the stand-in alone, timed
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overload", description=__doc__.split("\n\n")[0])
     p.add_argument("--ks", default="1,2,4", help="load multiples of mu (comma-separated)")
     p.add_argument("--servers", default=None,
-                   help="comma-separated: sluiceway, fastapi, litserve, sluiceway-aa (A/A); "
-                        "default sluiceway,fastapi plus litserve when installed")
+                   help="comma-separated: sluiceway, fastapi, seedafter, litserve, sluiceway-aa (A/A); "
+                        "default sluiceway,fastapi,seedafter plus litserve when installed")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the window")
     p.add_argument("--deadline-ms", type=float, default=200.0)
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", action="store_true", help="also store every request record in the JSON")
     ns = p.parse_args(argv)
     ks = [float(x) for x in ns.ks.split(",") if x]
-    servers = ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi"] + (
+    servers = ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi", "seedafter"] + (
         ["litserve"] if litserve_available() else [])
     unknown = [s for s in servers if s.split("-")[0] not in STARTERS]
     if unknown or len(set(servers)) != len(servers):

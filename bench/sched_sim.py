@@ -67,7 +67,7 @@ def simulate(
 ) -> dict[str, Outcome]:
     """Run the pod's admission core for ``horizon`` simulated seconds; one :class:`Outcome` per stream."""
     clock = ManualClock()
-    registry = TenantRegistry(TenantsConfig.model_validate(tenants), CLASSES, clock)
+    registry = TenantRegistry(TenantsConfig.model_validate(tenants), CLASSES, clock, default_priority="standard")
     core: AdmissionCore[str] = AdmissionCore(
         AdmissionSettings(permits=1, max_depth=max_depth, queue_timeout=queue_timeout,
                           num_classes=len(CLASSES), aging_seconds=aging, initial_service_time=service),

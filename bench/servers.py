@@ -81,6 +81,11 @@ class ServerProc:
     log_path: Path
     counter_file: Path | None = None
     metadata: dict[str, object] = field(default_factory=dict)
+    metrics_port: int | None = None  # the pod's separate /metrics port
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port or self.port}/metrics"
 
     @property
     def base(self) -> str:
@@ -122,7 +127,7 @@ class ServerProc:
         s = session or aiohttp.ClientSession()
         try:
             if self.name.startswith("sluiceway"):
-                async with s.get(self.base + "/metrics") as r:
+                async with s.get(self.metrics_url) as r:
                     text = await r.text()
                 for line in text.splitlines():
                     if line.startswith("sluiceway_batch_size_sum{"):
@@ -213,8 +218,9 @@ def start_pod(
 ) -> ServerProc:
     """``sluiceway-pod serve`` with ``synthetic:<ms>``, one permit, ``--max-queue auto``, unless a
     config file says otherwise (flags still win over the file)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    port, metrics_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", str(metrics_port)]
     if config_file is not None:
         argv += ["--config", str(config_file)]
     else:
@@ -223,7 +229,7 @@ def start_pod(
     env = _env()
     env.setdefault("SLUICEWAY_SERVER__LOG_LEVEL", "warning")
     proc, log = _spawn(name, argv, log_dir, core, env)
-    srv = ServerProc(name, proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+    srv = ServerProc(name, proc, port, "/v2/models/demo/infer", "/v2/health/ready", log, metrics_port=metrics_port)
     srv.wait_ready()
     with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
         import json
@@ -239,6 +245,19 @@ def start_fastapi(log_dir: Path, *, service_ms: float = 20.0, core: int | None =
             "--service-ms", f"{service_ms:g}"]
     proc, log = _spawn("fastapi", argv, log_dir, core, _env())
     srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+    srv.wait_ready()
+    return srv
+
+
+def start_seedafter(log_dir: Path, *, service_ms: float = 20.0, core: int | None = SERVER_CORE,
+                    threads: int = 1) -> ServerProc:
+    """The seed's "after" design: FastAPI + ``asyncio.Semaphore(threads)`` acquired with a 30 s
+    timeout (then 503) + a thread pool of the same size (:mod:`bench.baseline_pool`)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.baseline_pool", "--port", str(port), "--spec", f"synthetic:{service_ms:g}",
+            "--threads", str(threads), "--guard", "semaphore", "--acquire-timeout", "30"]
+    proc, log = _spawn("seedafter", argv, log_dir, core, _env())
+    srv = ServerProc("seedafter", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
     srv.wait_ready()
     return srv
 
@@ -265,4 +284,5 @@ def start_litserve(
     return srv
 
 
-STARTERS = {"sluiceway": start_pod, "fastapi": start_fastapi, "litserve": start_litserve}
+STARTERS = {"sluiceway": start_pod, "fastapi": start_fastapi, "litserve": start_litserve,
+            "seedafter": start_seedafter}

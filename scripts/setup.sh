@@ -9,6 +9,12 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
+# The sandbox (sluiceway sandbox / demo): network namespaces, veths and a bridge (iproute2),
+# Service DNAT rules (iptables), nsenter for exec probes (util-linux).
+if ! command -v iptables >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || ! command -v nsenter >/dev/null 2>&1; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables iproute2 util-linux >/dev/null
+fi
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "control plane: $(tools/build-kube.sh)"

@@ -53,3 +53,58 @@ class ShortRunner:
 
 def short_runner() -> ShortRunner:
     return ShortRunner()
+
+
+class _EchoRunner:
+    """A runner without torch: FP32 ``INPUT0`` [-1, -1] in, the same values as ``OUTPUT0`` out."""
+
+    def __init__(self) -> None:
+        from sluiceway_pod.models import TensorSpec
+
+        self.inputs = [TensorSpec("INPUT0", "FP32", (-1, -1))]
+        self.outputs = [TensorSpec("OUTPUT0", "FP32", (-1, -1))]
+        self.device = "cpu"
+
+    def first(self, requests):  # type: ignore[no-untyped-def]
+        return float(requests[0]["INPUT0"].reshape(-1)[0])
+
+    def echo(self, requests):  # type: ignore[no-untyped-def]
+        return [{"OUTPUT0": r["INPUT0"].copy()} for r in requests]
+
+
+class HangRunner(_EchoRunner):
+    """A hung device: a batch whose first value is 666 never returns (the thread blocks for good)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self._never = threading.Event()
+
+    def predict(self, requests):  # type: ignore[no-untyped-def]
+        if self.first(requests) == 666.0:
+            self._never.wait()
+        return self.echo(requests)
+
+
+def hang_runner() -> HangRunner:
+    return HangRunner()
+
+
+class ChaosRunner(_EchoRunner):
+    """Fast echo, except: a negative first value raises (with a secret in the message), 999 sleeps
+    0.3 s (longer than the faults test's execution budget)."""
+
+    def predict(self, requests):  # type: ignore[no-untyped-def]
+        import time
+
+        v = self.first(requests)
+        if v < 0:
+            raise RuntimeError("SECRET-db-password=hunter2 leaked by the model")
+        if v == 999.0:
+            time.sleep(0.3)
+        return self.echo(requests)
+
+
+def chaos_runner() -> ChaosRunner:
+    return ChaosRunner()

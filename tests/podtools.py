@@ -30,6 +30,7 @@ class PodProcess:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    metrics_port: int = 0
     model: str = "demo"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -41,10 +42,19 @@ class PodProcess:
     def infer_url(self) -> str:
         return f"{self.url}/v2/models/{self.model}/infer"
 
+    @property
+    def admin_url(self) -> str:
+        """The separate metrics port (``server.metricsPort``): ``/metrics`` and the health probes."""
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.admin_url}/metrics"
+
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         if "client" not in self.extra:
             self.extra["client"] = httpx.Client(timeout=10)
-        text = self.extra["client"].get(f"{self.url}/metrics").text
+        text = self.extra["client"].get(self.metrics_url).text
         out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
@@ -94,6 +104,7 @@ def start_pod(
     timeout: float = 120,
 ) -> PodProcess:
     port = free_port()
+    metrics_port = free_port()
     cmd = [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     model = "demo"
     if "--model-name" in args:
@@ -104,11 +115,16 @@ def start_pod(
         cmd += ["--config", str(cfg_path)]
         model = config.get("model", {}).get("name", model)
     log = tmp / f"pod-{port}.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "SLUICEWAY_SERVER__METRICS_PORT": str(metrics_port),
+        **(env or {}),
+    }
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), full_env.get("PYTHONPATH", "")])
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=full_env, cwd=tmp)
-    pod = PodProcess(proc, port, log, model)
+    pod = PodProcess(proc, port, log, metrics_port, model)
     if wait_ready:
         deadline = time.monotonic() + timeout
         while True:

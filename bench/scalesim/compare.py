@@ -31,6 +31,7 @@ from .controllers import (
     RayServe,
     default_spec,
     rendered_behavior,
+    spec_at_029d718,
 )
 from .model import Record, ServiceModel, Startup
 from .sim import Scores, run
@@ -40,7 +41,7 @@ __all__ = ["POLICIES", "build_policies", "compare", "main"]
 
 POLICIES = (
     "ours-keda",
-    "ours-keda-summed-windows",
+    "ours-keda-029d718",
     "ours-builtin",
     "ours-keda-predictive",
     "keda-prometheus",
@@ -55,11 +56,14 @@ def build_policies(
     names: Sequence[str], model: ServiceModel, rate: np.ndarray, max_replicas: int
 ) -> list[Controller]:
     spec = default_spec(max_replicas)
+    old = spec_at_029d718(max_replicas)
     predictive = replace(spec, predict_seconds=model.startup.mean)
     makers: dict[str, Callable[[], Controller]] = {
         "ours-keda": lambda: OursKeda(spec, rendered_behavior(spec, windows_add_up=True)),
-        "ours-keda-summed-windows": lambda: OursKeda(
-            spec, rendered_behavior(spec, windows_add_up=False), name="ours-keda-summed-windows"
+        # the policy before this simulator (no ready/demand terms cannot be replayed; the
+        # defaults and the HPA rendering can): 1 pod per 60 s down, the HPA repeating the window
+        "ours-keda-029d718": lambda: OursKeda(
+            old, rendered_behavior(old, windows_add_up=False), name="ours-keda-029d718"
         ),
         "ours-builtin": lambda: OursBuiltin(spec),
         "ours-keda-predictive": lambda: OursKeda(

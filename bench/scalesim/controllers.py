@@ -55,6 +55,7 @@ __all__ = [
     "OursKeda",
     "RayServe",
     "default_spec",
+    "spec_at_029d718",
 ]
 
 
@@ -156,7 +157,7 @@ class Hpa:
 def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
     """The CRD's autoscaling defaults as the scaler's ScalingSpec (targetQueueDepthPerReplica 8,
     targetWaitP95 2s, utilisation 80 %, scale up 4 pods or 100 % per 15 s, scale down window 300 s,
-    at most 1 pod per 60 s)."""
+    at most max(1 pod, 2 %) per 60 s — the percent chosen with this simulator, docs/scalesim.md)."""
     spec = ScalingSpec(
         min_replicas=1,
         max_replicas=max_replicas,
@@ -164,9 +165,15 @@ def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
         target_wait_p95=2.0,
         target_utilisation=0.8,
         scale_up=ScaleUpPolicy(max_pods=4, max_percent=100.0),
-        scale_down=ScaleDownPolicy(stabilization_window=300.0, max_pods=1, period=60.0),
+        scale_down=ScaleDownPolicy(stabilization_window=300.0, max_pods=1, period=60.0, max_percent=2.0),
     )
     return replace(spec, **over)  # type: ignore[arg-type]
+
+
+def spec_at_029d718(max_replicas: int) -> ScalingSpec:
+    """The defaults before the simulator: scale down at most 1 pod per 60 s whatever the size."""
+    base = default_spec(max_replicas)
+    return replace(base, scale_down=replace(base.scale_down, max_percent=None))
 
 
 def _signals(t: int, prom: Prometheus, predictive: bool) -> Signals:

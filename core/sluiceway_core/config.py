@@ -38,6 +38,22 @@ class TensorSpecConfig(_Model):
     name: str = Field(min_length=1)
     datatype: Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"] = "FP32"
     shape: list[int] = Field(default_factory=lambda: [-1])
+    max_shape: list[int] | None = Field(
+        default=None,
+        description="the largest shape accepted (same rank as shape; equal where shape is fixed); "
+        "larger requests get 400, and the warm-up memory probe runs at this shape",
+    )
+
+    @model_validator(mode="after")
+    def _max_shape_ok(self) -> TensorSpecConfig:
+        if self.max_shape is None:
+            return self
+        if len(self.max_shape) != len(self.shape):
+            raise ValueError(f"maxShape {self.max_shape} must have the rank of shape {self.shape}")
+        for d, m in zip(self.shape, self.max_shape, strict=True):
+            if m < 1 or (d != -1 and m != d):
+                raise ValueError(f"maxShape {self.max_shape} must be >= 1 and equal shape {self.shape} where fixed")
+        return self
 
 
 class ModelConfig(_Model):
@@ -71,8 +87,15 @@ class ModelConfig(_Model):
 class ServerConfig(_Model):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
+    metrics_port: int = Field(default=9091, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     drain_seconds: float = Field(default=30.0, gt=0, le=3600)
+    drain_delay_seconds: float = Field(
+        default=0.0, ge=0, le=600, description="after SIGTERM: not ready, but still admitting, this long"
+    )
+    max_connections: int = Field(default=1024, ge=1, le=1_000_000, description="open HTTP connections -> 503")
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="request line and headers")
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="whole request body -> 408")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -89,6 +112,12 @@ class ConcurrencyConfig(_Model):
     safety_factor: float = Field(default=0.8, gt=0, le=1)
     cpu_default: int = Field(default=2, ge=1, le=256)
     max_permits: int = Field(default=64, ge=1, le=1024)
+    probe_seconds: float = Field(
+        default=2.0, ge=0, le=600, description="auto: closed-loop throughput probe budget at warm-up; 0 = off"
+    )
+    probe_share: float = Field(default=0.95, gt=0, le=1, description="auto: smallest permits reaching this share")
+    adaptive: bool = Field(default=True, description="auto: keep adjusting permits from measured peaks and latency")
+    adaptive_interval_seconds: float = Field(default=1.0, gt=0, le=3600)
 
     @field_validator("permits")
     @classmethod
@@ -109,6 +138,9 @@ class QueueConfig(_Model):
     target_wait_seconds: float = Field(default=2.0, gt=0, le=3600)
     timeout_seconds: float = Field(default=5.0, gt=0, le=3600, description="queue-wait budget -> 503")
     exec_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="execution budget -> 504")
+    stuck_grace_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="past the execution budget: a permit counts as stuck"
+    )
     min_auto_depth: int = Field(default=1, ge=1)
     max_auto_depth: int = Field(default=10_000, ge=1)
 
@@ -178,10 +210,11 @@ class TenantsConfig(_Model):
 
     ``keysFile`` holds lines ``<sha256-hex-of-key> <tenant>``: hashes only, never keys.
     With ``allowAnonymous`` a request without ``Authorization`` is served as ``anonymousTenant``.
+    Unset, anonymous access is on only while there is no ``keysFile`` (see :attr:`anonymous_allowed`).
     """
 
     keys_file: str | None = None
-    allow_anonymous: bool = True
+    allow_anonymous: bool | None = None
     anonymous_tenant: str = "anonymous"
     defaults: TenantLimits = Field(default_factory=TenantLimits)
     tenants: list[TenantConfig] = Field(default_factory=list)
@@ -191,9 +224,14 @@ class TenantsConfig(_Model):
         names = [t.name for t in self.tenants]
         if len(set(names)) != len(names):
             raise ValueError("tenant names must be unique")
-        if not self.allow_anonymous and self.keys_file is None:
+        if self.allow_anonymous is False and self.keys_file is None:
             raise ValueError("allowAnonymous is false but no keysFile is configured: nobody could call")
         return self
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        """Anonymous access in force: as set, else off whenever tenants have keys."""
+        return self.allow_anonymous if self.allow_anonymous is not None else self.keys_file is None
 
 
 class CacheConfig(_Model):
@@ -217,6 +255,26 @@ class DegradationConfig(_Model):
     cache: CacheConfig = Field(default_factory=CacheConfig)
 
 
+class QuotaConfig(_Model):
+    """Service-wide tenant quotas: where the quota coordinator is and who this pod is.
+
+    Without ``coordinatorUrl`` each pod enforces the whole quota by itself (right for one replica).
+    With it, the pod leases its share of every tenant's quota (see docs/scheduling.md); the pod's
+    name comes from ``POD_NAME`` (the downward API), else the host name.
+    """
+
+    coordinator_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    service: str | None = Field(default=None, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?/[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+    lease_seconds: float = Field(default=3.0, ge=0.5, le=60)
+    assumed_replicas: int = Field(default=1, ge=1, le=10_000, description="fallback divisor before a first lease")
+
+    @model_validator(mode="after")
+    def _both(self) -> QuotaConfig:
+        if self.coordinator_url is not None and self.service is None:
+            raise ValueError("quota.service ('<namespace>/<name>') is required with quota.coordinatorUrl")
+        return self
+
+
 class PodConfig(_Model):
     """Everything one inference pod needs. Rendered by the operator, read by ``sluiceway-pod``."""
 
@@ -228,6 +286,7 @@ class PodConfig(_Model):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     degradation: DegradationConfig = Field(default_factory=DegradationConfig)
+    quota: QuotaConfig | None = None  # None: every pod enforces the whole quota (one replica)
 
     @model_validator(mode="after")
     def _cross(self) -> PodConfig:

@@ -13,6 +13,7 @@ __all__ = [
     "BATCH_SIZE",
     "CONCURRENCY_IN_USE",
     "CONCURRENCY_LIMIT",
+    "CONCURRENCY_MEMORY_BOUND",
     "DEGRADED",
     "DEQUEUED",
     "ENQUEUED",
@@ -21,10 +22,14 @@ __all__ = [
     "OOM",
     "QUEUE_DEPTH",
     "QUEUE_WAIT_SECONDS",
+    "QUOTA_FALLBACK",
+    "QUOTA_LEASE_AGE_SECONDS",
     "READY",
     "REJECTED",
     "REQUESTS",
     "SCRAPE_LABELS",
+    "STUCK_PERMITS",
+    "TENANT_QUOTA_SHARE",
 ]
 
 QUEUE_DEPTH = "sluiceway_queue_depth"
@@ -35,12 +40,23 @@ REJECTED = "sluiceway_rejected_total"
 QUEUE_WAIT_SECONDS = "sluiceway_queue_wait_seconds"
 INFERENCE_SECONDS = "sluiceway_inference_seconds"
 CONCURRENCY_LIMIT = "sluiceway_concurrency_limit"
+#: Permits that fit device memory (``permits: auto``); the limit in force never exceeds it.
+CONCURRENCY_MEMORY_BOUND = "sluiceway_concurrency_memory_bound"
 CONCURRENCY_IN_USE = "sluiceway_concurrency_in_use"
 GPU_MEMORY_ALLOCATED = "sluiceway_gpu_memory_allocated_bytes"
 OOM = "sluiceway_oom_total"
 BATCH_SIZE = "sluiceway_batch_size"
 DEGRADED = "sluiceway_degraded_total"
 READY = "sluiceway_ready"
+#: Permits held by device work still running past the execution budget plus a grace (a hung device);
+#: when it equals the permit limit the pod's liveness probe fails.
+STUCK_PERMITS = "sluiceway_stuck_permits"
+#: Service-wide quotas (issue 11): this pod's fraction of a tenant's quota (of its rate, or of its
+#: maxConcurrent when it has no rate), the age of the pod's quota lease, and 1 while the pod runs on
+#: the fallback share (quota / replicas) because it could not renew.
+TENANT_QUOTA_SHARE = "sluiceway_tenant_quota_share"
+QUOTA_LEASE_AGE_SECONDS = "sluiceway_quota_lease_age_seconds"
+QUOTA_FALLBACK = "sluiceway_quota_fallback"
 
 # Labels that Prometheus's relabeling puts on every scraped inference-pod series.
 SCRAPE_LABELS = ("namespace", "inferenceservice", "pod")

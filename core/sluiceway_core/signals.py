@@ -36,6 +36,9 @@ class Queries:
     service_time: str
     concurrency: str
     utilisation: str
+    memory_bound: str = ""
+    offered_rate: str = ""
+    request_cost: str = ""
 
     @classmethod
     def build(cls, namespace: str, inference_service: str, window: str = "2m") -> Queries:
@@ -58,6 +61,16 @@ class Queries:
             ),
             # GPU permits in force per pod (the largest over pods).
             concurrency=f"max({m.CONCURRENCY_LIMIT}{{{s}}})",
+            # Requests offered per second, answered or refused (every answer is counted once).
+            offered_rate=f"sum(rate({m.REQUESTS}{{{s}}}[{window}]))",
+            # Device seconds per answered request (batches share their device time).
+            request_cost=(
+                f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}]))"
+                f' / sum(rate({m.REQUESTS}{{{s},code="200"}}[{window}]))'
+            ),
+            # Permits that fit device memory per pod (the smallest over pods); the chosen
+            # permits (``concurrency``) never exceed it.
+            memory_bound=f"min({m.CONCURRENCY_MEMORY_BOUND}{{{s}}})",
             # device-seconds per second (busy permits, batches) over the permits in force
             utilisation=(
                 f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}])) / sum({m.CONCURRENCY_LIMIT}{{{s}}})"

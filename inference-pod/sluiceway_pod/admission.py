@@ -21,10 +21,15 @@ Guarantees
   2. Find the smallest aged band among the oldest ticket of every (tenant, class); the winning
      class is the highest class (lowest rank) having a ticket at that band.
   3. Among all tenants with a queued ticket of the winning class (and under their
-     ``maxConcurrent``), pick by start-time fair queueing: each ticket got the tag
-     ``max(tenant's previous finish tag, virtual time)`` at admission (finish = start + 1/weight),
-     and the virtual time is the tag of the latest dispatch. The smallest tag goes (oldest on ties):
-     well-behaved tenants are served in arrival order, a flooding tenant's tags run ahead.
+     ``maxConcurrent``), pick by start-time fair queueing *by device time*: the tenant's oldest
+     ticket of that class has the tag ``max(tenant's finish tag, V at its arrival - credit)``; when
+     it is dispatched the tenant's finish tag becomes ``tag + cost/weight``, where ``cost`` is the
+     estimated device seconds of the request (rows x the tenant's EWMA of device seconds per row);
+     when the batch ends the finish tag is corrected by ``(measured - estimated)/weight``. ``V``,
+     the virtual time, is the tag of the latest dispatch. The smallest tag goes (oldest on ties):
+     weights are shares of device time, a tenant sending large requests gets fewer of them.
+  4. A batch whose head waits to fill (``max_batch_wait``) does not hold other batch keys back:
+     they dispatch on the idle permits. A batch is filled in the same order as (1)-(3).
 
   Worst wait of the lowest class, one tenant: ``K*A + (ceil(Q/N) + 1) * S`` for K classes, aging
   step A, queue bound Q, N permits and a longest service time S. With several tenants the
@@ -59,10 +64,9 @@ from .tenancy import Tenant
 P = TypeVar("P")
 
 #: Fair-queueing credit, in requests, that a tenant below its share may bank: its start tags may lag
-#: the virtual time by up to ``BURST_CREDIT / weight``, so a light tenant's short burst is served
-#: in arrival order instead of being interleaved with a backlogged tenant's work.
+#: the virtual time by up to ``BURST_CREDIT * cost / weight``, so a light tenant's short burst is
+#: served in arrival order instead of being interleaved with a backlogged tenant's work.
 BURST_CREDIT = 3.0
-
 
 
 class Answer(Protocol):
@@ -84,7 +88,9 @@ class Ticket(Generic[P]):
     payload: P
     answer: Answer
     state: str = "queued"  # queued -> running -> done | queued -> done
-    vstart: float = 0.0  # start-time fair queueing tag, set at admission
+    vstart: float = 0.0  # the floor of its fair-queueing tag: V at admission minus the burst credit
+    rows: int = 1  # rows (dim 0) of the request: its device cost scales with them
+    cost: float = 0.0  # estimated device seconds, charged to its tenant when dispatched
 
     def resolve(self, result: Any = None, error: SluicewayError | None = None) -> bool:
         """Answer once. Returns False (and does nothing) if already answered."""
@@ -151,7 +157,8 @@ class _TenantQueue:
     by_class: list[deque[Ticket[Any]]]
     queued: int = 0
     running: int = 0
-    last_finish: float = 0.0  # SFQ finish tag of the tenant's last admitted request
+    vfinish: float = 0.0  # SFQ finish tag of the tenant's last dispatched request (device seconds/weight)
+    per_row: _ServiceEstimate | None = None  # the tenant's EWMA of device seconds per row
 
 
 @dataclass
@@ -175,6 +182,8 @@ class AdmissionCore(Generic[P]):
         *,
         observer: Observer | None = None,
         take_token: Callable[[Tenant], float] | None = None,
+        rows_of: Callable[[P], int] | None = None,
+        concurrency_cap: Callable[[Tenant], int | None] | None = None,
     ) -> None:
         if settings.permits < 1 or settings.max_depth < 1 or settings.num_classes < 1:
             raise ValueError("permits, max_depth and num_classes must be >= 1")
@@ -182,40 +191,74 @@ class AdmissionCore(Generic[P]):
         self.clock = clock
         self.obs: Observer = observer or NullObserver()
         self._take_token = take_token or (lambda _t: 0.0)
+        self._rows_of: Callable[[P], int] = rows_of or (lambda _p: 1)
+        #: the tenant's concurrency cap in force (its ``maxConcurrent``, or its leased share of it)
+        self._cap: Callable[[Tenant], int | None] = concurrency_cap or (lambda t: t.max_concurrent)
         self.limit = settings.permits
         self.in_use = 0
         self.depth = 0
         self.draining = False
         self.service = _ServiceEstimate(settings.initial_service_time)
+        self.per_row = _ServiceEstimate(settings.initial_service_time)  # all tenants: the prior
+        self._class_depth = [0] * settings.num_classes
         self._tenants: dict[str, _TenantQueue] = {}
         self._ids = itertools.count(1)
         self._vclock = 0.0  # SFQ virtual time: the start tag of the latest dispatched request
-        self._deferred_until: float | None = None  # a batch is filling until then
+        self._deferred_until: float | None = None  # the earliest time a filling batch must go
         # (deadline, id, ticket) of queued tickets; entries of tickets that left the queue are
         # dropped lazily, and the heap is rebuilt when they outnumber the live ones.
         self._deadlines: list[tuple[float, int, Ticket[P]]] = []
         self.obs.permits(self.limit, self.in_use)
 
     # ------------------------------------------------------------------ predictions
-    def predicted_wait(self) -> float:
-        """Expected queue wait of a request arriving now (seconds)."""
-        if self.depth == 0 and self.in_use < self.limit:
+    def predicted_wait(self, rank: int | None = None, tenant: Tenant | None = None) -> float:
+        """Expected queue wait of a request arriving now (seconds).
+
+        With ``rank`` (and ``tenant``): from the work ahead of *this* request only: every queued
+        request of a higher class, its tenant's own queued requests of its class, and of the other
+        tenants' requests of its class those whose fair-queueing tags come before its own. Without:
+        from the whole queue (the time to work off the backlog, for Retry-After)."""
+        ahead = self.depth if rank is None else self._work_ahead(rank, tenant)
+        if ahead == 0 and self.in_use < self.limit:
             return 0.0
         per_round = self.limit * max(1, self.settings.max_batch_size)
-        return math.ceil((self.depth + 1) / per_round) * self.service.value
+        return math.ceil((ahead + 1) / per_round) * self.service.value
+
+    def _work_ahead(self, rank: int, tenant: Tenant | None) -> int:
+        ahead = sum(self._class_depth[:rank])
+        mine = self._tenants.get(tenant.name) if tenant is not None else None
+        if tenant is None:
+            return ahead + self._class_depth[rank]
+        own_cost = self._estimate(mine, 1)
+        own_n = len(mine.by_class[rank]) if mine is not None else 0
+        start = max(mine.vfinish if mine is not None else 0.0, self._vclock - BURST_CREDIT * own_cost / tenant.weight)
+        my_tag = start + own_n * own_cost / tenant.weight
+        ahead += own_n
+        for tq in self._tenants.values():
+            dq = tq.by_class[rank]
+            if tq is mine or not dq:
+                continue
+            step = self._estimate(tq, dq[0].rows) / tq.tenant.weight
+            head = max(tq.vfinish, dq[0].vstart)
+            if my_tag >= head:
+                ahead += min(len(dq), math.floor((my_tag - head) / step) + 1 if step > 0 else len(dq))
+        return ahead
 
     def answer_cost(self) -> float:
         """Time a dispatched request still needs to be answered: the service time plus a margin
         (a quarter of it, plus 2 ms for the reply), so deadline work is never started too late."""
         return self.service.value * 1.25 + 0.002
 
-    def _displaceable(self, rank: int, now: float) -> Ticket[Any] | None:
+    def _displaceable(self, rank: int, tenant: Tenant, now: float) -> Ticket[Any] | None:
         """The queued ticket a new request of class ``rank`` may push out of a full queue: the one
         with the worst aged band, if that band is strictly worse than ``rank`` (youngest on ties).
-        Aged requests are protected: a request whose band has risen to ``rank`` stays."""
+        Aged requests are protected: a request whose band has risen to ``rank`` stays. Work of a
+        tenant with a higher priority ceiling than the newcomer's is never displaced."""
         best: Ticket[Any] | None = None
         best_key: tuple[int, float] | None = None
         for tq in self._tenants.values():
+            if tq.tenant.max_priority_rank < tenant.max_priority_rank:
+                continue
             for dq in tq.by_class:
                 if dq:
                     t = dq[-1]  # the youngest of its class has the worst band of its class
@@ -281,7 +324,7 @@ class AdmissionCore(Generic[P]):
         """Queue a request or raise the reason it is refused. Never blocks."""
         self.precheck(tenant, rank, priority_label, check_rate=check_rate)
         now = self.clock.now()
-        predicted = self.predicted_wait()
+        predicted = self.predicted_wait(rank, tenant)
         cost = self.answer_cost()
         if client_budget is not None and predicted + cost > client_budget:
             raise self._reject(
@@ -302,7 +345,7 @@ class AdmissionCore(Generic[P]):
                 priority_label,
             )
         if self.depth >= self.settings.max_depth:
-            victim = self._displaceable(rank, now)
+            victim = self._displaceable(rank, tenant, now)
             if victim is None:
                 raise self._reject(
                     QueueFull(f"queue full ({self.depth} waiting)", retry_after=self.retry_after()),
@@ -326,12 +369,13 @@ class AdmissionCore(Generic[P]):
         t: Ticket[P] = Ticket(
             next(self._ids), tenant, rank, priority_label, now, deadline, reason, batch_key, payload, answer
         )
-        # start-time fair queueing: tag = max(tenant's last finish tag, virtual time now)
-        t.vstart = max(tq.last_finish, self._vclock - BURST_CREDIT / tenant.weight)
-        tq.last_finish = t.vstart + 1.0 / tenant.weight
+        t.rows = max(1, int(self._rows_of(payload)))
+        # start-time fair queueing: the tag is max(tenant's finish tag, this floor), taken at dispatch
+        t.vstart = self._vclock - BURST_CREDIT * self._estimate(tq, t.rows) / tenant.weight
         tq.by_class[rank].append(t)
         tq.queued += 1
         self.depth += 1
+        self._class_depth[rank] += 1
         heapq.heappush(self._deadlines, (deadline, t.id, t))
         if len(self._deadlines) > 2 * self.depth + 64:
             self._deadlines = [e for e in self._deadlines if e[2].state == "queued"]
@@ -345,6 +389,7 @@ class AdmissionCore(Generic[P]):
         tq.by_class[t.rank].remove(t)
         tq.queued -= 1
         self.depth -= 1
+        self._class_depth[t.rank] -= 1
 
     def cancel(self, t: Ticket[Any], error: SluicewayError) -> bool:
         """Withdraw a queued ticket (client gone). Running tickets are not touched."""
@@ -389,6 +434,7 @@ class AdmissionCore(Generic[P]):
                     t = dq.popleft()
                     tq.queued -= 1
                     self.depth -= 1
+                    self._class_depth[t.rank] -= 1
                     self.obs.dequeued(t, now - t.enqueued)
                     err = make_error()
                     self.obs.rejected(err.reason, t.tenant, t.priority_label)
@@ -400,31 +446,78 @@ class AdmissionCore(Generic[P]):
     def _band(self, t: Ticket[Any], now: float) -> int:
         return t.rank - math.floor((now - t.enqueued) / self.settings.aging_seconds)
 
-    def _eligible(self, tq: _TenantQueue) -> bool:
-        cap = tq.tenant.max_concurrent
-        return tq.queued > 0 and (cap is None or tq.running < cap)
+    def _estimate(self, tq: _TenantQueue | None, rows: int) -> float:
+        """Estimated device seconds of a request of ``rows`` rows of this tenant."""
+        est = tq.per_row if tq is not None and tq.per_row is not None else self.per_row
+        return max(est.value, 1e-9) * rows
 
-    def _pick_head(self, now: float) -> tuple[_TenantQueue, int] | None:
-        best_band: int | None = None
-        best_class = 0
-        eligible = [tq for tq in self._tenants.values() if self._eligible(tq)]
-        if not eligible:
-            return None
-        for tq in eligible:
+    @staticmethod
+    def _tag(t: Ticket[Any], vfinish: float) -> float:
+        """A queued ticket's fair-queueing tag, given its tenant's finish tag."""
+        return max(vfinish, t.vstart)
+
+    def _select(self, now: float, accept: Callable[[Ticket[Any]], bool], n: int) -> list[Ticket[P]]:
+        """Up to ``n`` queued tickets that ``accept`` takes, in dispatch order (see the module
+        docstring), as if each were dispatched in turn: tenants' finish tags and concurrency caps
+        advance along. Looks only at the first accepted ticket of every (tenant, class) queue
+        at each step: no sort of the queue."""
+        heads: dict[tuple[str, int], tuple[Ticket[P], Any]] = {}
+        vfinish: dict[str, float] = {}
+        room: dict[str, int | None] = {}
+        for name, tq in self._tenants.items():
+            if tq.queued == 0:
+                continue
+            cap = self._cap(tq.tenant)
+            room[name] = None if cap is None else cap - tq.running
+            if room[name] is not None and room[name] <= 0:  # type: ignore[operator]
+                continue
+            vfinish[name] = tq.vfinish
             for c, dq in enumerate(tq.by_class):
                 if dq:
-                    b = self._band(dq[0], now)
-                    if best_band is None or b < best_band or (b == best_band and c < best_class):
-                        best_band, best_class = b, c
-        candidates = [tq for tq in eligible if tq.by_class[best_class]]
-        tq = min(
-            candidates,
-            key=lambda q: (q.by_class[best_class][0].vstart, q.by_class[best_class][0].enqueued),
-        )
-        return tq, best_class
+                    it = (t for t in dq if accept(t))
+                    first = next(it, None)
+                    if first is not None:
+                        heads[(name, c)] = (first, it)
+        out: list[Ticket[P]] = []
+        while heads and len(out) < n:
+            # aging picks the class: the smallest aged band, the highest class on ties ...
+            cls = min((self._band(t, now), c) for (_, c), (t, _) in heads.items())[1]
+            # ... fair queueing picks the tenant within it: the smallest tag, the oldest on ties
+            best: tuple[float, float, int] | None = None
+            best_key: tuple[str, int] | None = None
+            for key, (t, _) in heads.items():
+                if key[1] != cls:
+                    continue
+                order = (self._tag(t, vfinish[key[0]]), t.enqueued, t.id)
+                if best is None or order < best:
+                    best, best_key = order, key
+            assert best is not None and best_key is not None
+            t, it = heads[best_key]
+            out.append(t)
+            name = best_key[0]
+            tq = self._tenants[name]
+            vfinish[name] = best[0] + self._estimate(tq, t.rows) / tq.tenant.weight
+            left = room[name]
+            if left is not None:
+                room[name] = left - 1
+                if left - 1 <= 0:
+                    for c in range(self.settings.num_classes):
+                        heads.pop((name, c), None)
+                    continue
+            following = next(it, None)
+            if following is None:
+                del heads[best_key]
+            else:
+                heads[best_key] = (following, it)
+        return out
 
     def _charge(self, t: Ticket[Any]) -> None:
-        self._vclock = max(self._vclock, t.vstart)
+        """Dispatching ``t``: its tenant's finish tag advances by its estimated cost."""
+        tq = self._tenants[t.tenant.name]
+        tag = self._tag(t, tq.vfinish)
+        t.cost = self._estimate(tq, t.rows)
+        tq.vfinish = tag + t.cost / t.tenant.weight
+        self._vclock = max(self._vclock, tag)
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which :meth:`expire` or a deferred batch has work to do."""
@@ -437,27 +530,38 @@ class AdmissionCore(Generic[P]):
         return min(times) if times else None
 
     def next_batch(self) -> Batch[P] | None:
-        """Take a permit and the next batch to run, or None (no permit, nothing eligible, or a
-        batch still filling within ``max_batch_wait``)."""
+        """Take a permit and the next batch to run, or None (no permit, nothing eligible, or every
+        eligible batch still filling within ``max_batch_wait``). A batch that is filling holds back
+        only its own batch key: other keys go on the idle permits meanwhile."""
         self._deferred_until = None
         if self.in_use >= self.limit or self.depth == 0:
             return None
         now = self.clock.now()
-        picked = self._pick_head(now)
-        if picked is None:
-            return None
-        tq, cls = picked
-        head = tq.by_class[cls][0]
-        members = [head]
         cap = self.settings.max_batch_size
-        if cap > 1:
-            members = self._fill(head, cap, now)
-            # never hold a batch so long that a member's queue deadline passes first
-            latest = min(m.deadline for m in members) - self.service.value
-            fill_until = min(head.enqueued + self.settings.max_batch_wait, latest)
-            if len(members) < cap and now < fill_until and not self.draining:
-                self._deferred_until = fill_until  # let the batch fill a little longer
+        filling: set[Hashable] = set()
+        while True:
+            first = self._select(now, lambda t: t.batch_key not in filling, 1)
+            if not first:
                 return None
+            head = first[0]
+            members = first
+            if cap > 1:
+                key = head.batch_key
+
+                def same_key(t: Ticket[Any], key: Hashable = key) -> bool:
+                    return t.batch_key == key
+
+                members = self._select(now, same_key, cap)
+                # never hold a batch so long that a member's queue deadline passes first
+                latest = min(m.deadline for m in members) - self.service.value
+                fill_until = min(head.enqueued + self.settings.max_batch_wait, latest)
+                if len(members) < cap and now < fill_until and not self.draining:
+                    # let the batch fill a little longer; meanwhile look at the other keys
+                    if self._deferred_until is None or fill_until < self._deferred_until:
+                        self._deferred_until = fill_until
+                    filling.add(key)
+                    continue
+            break
         for t in members:
             self._remove(t)
             mtq = self._tenants[t.tenant.name]
@@ -470,29 +574,6 @@ class AdmissionCore(Generic[P]):
         self.obs.batch(len(members))
         return Batch(members, head.batch_key, now)
 
-    def _fill(self, head: Ticket[P], cap: int, now: float) -> list[Ticket[P]]:
-        """The head plus compatible queued tickets in (aged band, arrival) order, respecting caps."""
-        running = {name: tq.running for name, tq in self._tenants.items()}
-        running[head.tenant.name] += 1
-        pool = [
-            t
-            for tq in self._tenants.values()
-            for dq in tq.by_class
-            for t in dq
-            if t is not head and t.batch_key == head.batch_key
-        ]
-        pool.sort(key=lambda t: (self._band(t, now), t.enqueued))
-        members = [head]
-        for t in pool:
-            if len(members) >= cap:
-                break
-            mc = t.tenant.max_concurrent
-            if mc is not None and running[t.tenant.name] >= mc:
-                continue
-            running[t.tenant.name] += 1
-            members.append(t)
-        return members
-
     def finish(self, batch: Batch[P], service_seconds: float | None) -> None:
         """Release the batch's permit (call when the device work has really ended)."""
         self.in_use -= 1
@@ -501,6 +582,15 @@ class AdmissionCore(Generic[P]):
         if service_seconds is not None:
             self.service.observe(service_seconds)
             self.obs.served(service_seconds)
+            # charge each tenant what its requests really took: the batch time split by rows
+            per_row = service_seconds / sum(t.rows for t in batch.tickets)
+            self.per_row.observe(per_row)
+            for t in batch.tickets:
+                tq = self._tenants[t.tenant.name]
+                if tq.per_row is None:
+                    tq.per_row = _ServiceEstimate(per_row)
+                tq.per_row.observe(per_row)
+                tq.vfinish += (per_row * t.rows - t.cost) / t.tenant.weight
         self.obs.permits(self.limit, self.in_use)
 
     def shrink(self) -> int:
@@ -508,6 +598,10 @@ class AdmissionCore(Generic[P]):
         self.limit = max(1, self.limit - 1)
         self.obs.permits(self.limit, self.in_use)
         return self.limit
+
+    def tenant_load(self) -> dict[str, tuple[int, int]]:
+        """(queued, running) per tenant with either: the demand a quota lease reports."""
+        return {n: (tq.queued, tq.running) for n, tq in self._tenants.items() if tq.queued or tq.running}
 
     @property
     def idle(self) -> bool:

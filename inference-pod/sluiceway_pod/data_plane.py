@@ -7,6 +7,15 @@ and warms the model in a worker thread (liveness keeps answering), then builds t
 and its :class:`~sluiceway_pod.dispatcher.Dispatcher`. ``infer`` is a coroutine per request: it
 authenticates, decodes, consults the ladder, admits, and awaits exactly one answer, racing the
 client's disconnect. The HTTP layer (:mod:`sluiceway_pod.app`) only adapts bytes and headers.
+
+Cheap refusals first: :meth:`DataPlane.admit_headers` decides everything the headers allow (API key,
+model name, readiness, priority, deadline header, token bucket, queue room) *before* the transport
+reads the body, so a refused request costs no body decoding; :meth:`DataPlane.infer_body` then decodes
+(in a worker thread for large bodies, so the loop keeps answering probes) and admits.
+
+Drain (SIGTERM): readiness turns false at once; admission stays open ``server.drainDelaySeconds``
+(while endpoints are being removed; requests admitted then must fit the remaining budget), then
+closes; queued, running and fallback work finishes within ``server.drainSeconds``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import numpy as np
 import orjson
 from sluiceway_core.config import PodConfig
 
+from .adaptive import AdaptiveLimit, build_adaptive
 from .admission import AdmissionCore, AdmissionSettings
 from .clock import Clock, MonotonicClock
 from .degradation import FallbackSlots, ResponseCache
@@ -36,8 +46,10 @@ from .errors import (
     NotReady,
     Overloaded,
     PayloadTooLarge,
+    QueueFull,
     SluicewayError,
     http_status,
+    new_error_id,
 )
 from .metrics import PodMetrics
 from .models import Runner, Tensors, load_runner
@@ -50,7 +62,9 @@ from .protocol import (
     decode_request,
     encode_response,
 )
+from .quota_client import QuotaClient, start_quota_client
 from .runtime import Sizing, allocated_bytes, measure, release_cache
+from .sizing import memory_probe_for
 from .tenancy import OTHER, Tenant, TenantRegistry
 
 log = logging.getLogger("sluiceway.service")
@@ -67,12 +81,30 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+#: Bodies above this size are decoded in a worker thread (the loop keeps serving probes meanwhile).
+DECODE_OFF_LOOP_BYTES = 256 * 1024
+
+
 def error_response(err: SluicewayError) -> Response:
     headers = {"content-type": "application/json"}
     ra = err.retry_after_header()
     if ra is not None:
         headers["retry-after"] = ra
-    return Response(http_status(err), orjson.dumps({"error": err.message, "reason": err.reason}), headers)
+    doc: dict[str, Any] = {"error": err.message, "reason": err.reason}
+    if err.error_id is not None:
+        doc["errorId"] = err.error_id
+    return Response(http_status(err), orjson.dumps(doc), headers)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What the headers alone decided, before the body was read: who calls, at which priority,
+    within which time budget (the client's deadline, capped by the drain budget while draining)."""
+
+    tenant: Tenant
+    rank: int
+    priority: str
+    budget: float | None
 
 
 class DataPlane:
@@ -88,14 +120,24 @@ class DataPlane:
         self.metrics = metrics
         self.clock = clock or MonotonicClock()
         self._runner_factory = runner_factory or (lambda c: load_runner(c.model))
-        self.tenants = TenantRegistry(config.tenants, list(config.priorities.classes), self.clock)
+        self.tenants = TenantRegistry(
+            config.tenants, list(config.priorities.classes), self.clock, default_priority=config.priorities.default
+        )
         metrics.declare(sorted(self.tenants.known_labels), config.priorities.classes)
+        self.quota: QuotaClient | None = None
         self.runner: Runner | None = None
         self.sizing: Sizing | None = None
         self.core: AdmissionCore[Tensors] | None = None
         self.dispatcher: Dispatcher[Tensors] | None = None
+        self.adaptive: AdaptiveLimit | None = None  # permits: auto on a device with a memory probe
         self.ready = False
-        self.draining = False
+        self.loaded = False  # the model is loaded and the dispatcher runs
+        self.shutting_down = False  # SIGTERM seen (readiness false; admission may still be open)
+        self.draining = False  # admission closed
+        self._drain_end: float | None = None
+        self._fallback_inflight = 0
+        self._fallback_idle = asyncio.Event()
+        self._fallback_idle.set()
         deg = config.degradation
         self.cache: ResponseCache[Tensors] | None = (
             ResponseCache(deg.cache.max_entries, deg.cache.ttl_seconds, self.clock)
@@ -139,22 +181,42 @@ class DataPlane:
             initial_service_time=sizing.service_time,
         )
         obs = self.metrics.observer()
-        self.core = AdmissionCore(settings, self.clock, observer=obs, take_token=self.tenants.take_token)
+        self.core = AdmissionCore(
+            settings,
+            self.clock,
+            observer=obs,
+            take_token=self.tenants.take_token,
+            rows_of=lambda inputs: max((int(a.shape[0]) for a in inputs.values() if a.ndim), default=1),
+            concurrency_cap=self.tenants.concurrency_cap,
+        )
+        self.adaptive = build_adaptive(sizing, self.config, memory_probe_for(runner))
         self.dispatcher = Dispatcher(
             self.core,
-            runner.predict,
+            self.adaptive.wrap(runner.predict) if self.adaptive is not None else runner.predict,
             exec_timeout=self.config.queue.exec_timeout_seconds,
             clock=self.clock,
-            on_oom=lambda: self.metrics.oom.labels(self.model_name).inc(),
+            on_oom=self._on_oom,
             release_device_cache=release_cache,
             max_threads=max(sizing.permits, self.config.concurrency.max_permits)
             if self.config.concurrency.permits == "auto"
             else sizing.permits,
+            stuck_grace=self.config.queue.stuck_grace_seconds,
+            on_stuck=lambda n: self.metrics.stuck.labels(self.model_name).set(n),
         )
         self.dispatcher.start()
+        if self.config.quota is not None and self.config.quota.coordinator_url:
+            self.quota = start_quota_client(self.config.quota, self.tenants, self.core, self.clock, self.metrics)
+            await self.quota.start()
+        bound_gauge = self.metrics.memory_bound.labels(self.model_name)
+        if self.adaptive is not None:
+            self.adaptive.attach(self.core, self.dispatcher.wake, asyncio.get_running_loop())
+            self.adaptive.listen(lambda d: bound_gauge.set(d.memory_bound))
+        elif sizing.memory_bound is not None:
+            bound_gauge.set(sizing.memory_bound)
         if runner.device.startswith("cuda"):
             self.metrics.track_gpu_memory(lambda: float(allocated_bytes()))
         self.ready = True
+        self.loaded = True
         self.metrics.ready.labels(self.model_name).set(1)
         log.info(
             "model %s ready on %s: permits=%d batch=%d max_queue=%d service=%.4fs peak/request=%s",
@@ -167,16 +229,53 @@ class DataPlane:
             sizing.peak_bytes_per_request,
         )
 
+    def _on_oom(self) -> None:
+        """On the loop, after the core dropped a permit for a device OOM."""
+        self.metrics.oom.labels(self.model_name).inc()
+        if self.adaptive is not None:
+            self.adaptive.oom()
+
+    # ------------------------------------------------------------------ probes
+    def liveness(self) -> tuple[bool, str | None]:
+        """False (with the reason) when every permit is stuck in the model: restart the pod."""
+        if self.dispatcher is not None and self.dispatcher.wedged:
+            return False, (
+                f"all {self.dispatcher.stuck} permits are stuck in the model for longer than the execution "
+                f"budget plus {self.config.queue.stuck_grace_seconds:g}s"
+            )
+        return True, None
+
+    def readiness(self) -> bool:
+        return self.ready and self.liveness()[0]
+
+    # ------------------------------------------------------------------ drain
     async def drain(self) -> bool:
-        """SIGTERM: not ready, refuse new work, finish what was admitted (within the budget)."""
-        self.draining = True
+        """SIGTERM: not ready at once; keep admitting for ``drainDelaySeconds`` (within the budget)
+        while the endpoints go, then refuse new work and finish queued, running and fallback work
+        within ``drainSeconds``. Returns True when everything finished in time."""
+        sc = self.config.server
+        self.shutting_down = True
         self.ready = False
         self.metrics.ready.labels(self.model_name).set(0)
+        self._drain_end = self.clock.now() + sc.drain_delay_seconds + sc.drain_seconds
+        if sc.drain_delay_seconds > 0 and self.loaded:
+            log.info("not ready; still admitting for %.1fs while endpoints are removed", sc.drain_delay_seconds)
+            await asyncio.sleep(sc.drain_delay_seconds)
+        self.draining = True
         if self.dispatcher is None:
             return True
-        return await self.dispatcher.drain(self.config.server.drain_seconds)
+        complete = await self.dispatcher.drain(max(0.0, self._drain_end - self.clock.now()))
+        try:
+            async with asyncio.timeout(max(0.0, self._drain_end - self.clock.now())):
+                await self._fallback_idle.wait()
+        except TimeoutError:
+            log.warning("drain budget exhausted with %d fallback calls running", self._fallback_inflight)
+            return False
+        return complete
 
     async def stop(self) -> None:
+        if self.quota is not None:
+            await self.quota.stop()
         if self.dispatcher is not None:
             await self.dispatcher.stop()
         if self._fallback_pool is not None:
@@ -201,6 +300,12 @@ class DataPlane:
                 "max_queue": self.core.settings.max_depth,
                 "service_time_seconds": round(self.sizing.service_time, 6),
                 "peak_memory_bytes_per_request": self.sizing.peak_bytes_per_request,
+                "concurrency_memory_bound": self.adaptive.memory_bound
+                if self.adaptive is not None
+                else self.sizing.memory_bound,
+                "concurrency_probe": {str(k): round(v, 3) for k, v in self.sizing.probe_rates.items()}
+                if self.sizing.probe_rates
+                else None,
             }
         return doc
 
@@ -212,6 +317,52 @@ class DataPlane:
         self.metrics.answered(OTHER, self.config.priorities.default, resp.status)
         return resp
 
+    def _refused(self, err: SluicewayError, tenant: Tenant | None, priority: str, *, counted: bool = False) -> Response:
+        if not counted:
+            self.metrics.rejected.labels(self.model_name, tenant.label if tenant else OTHER, priority, err.reason).inc()
+        resp = error_response(err)
+        self.metrics.answered(tenant.label if tenant else OTHER, priority, resp.status)
+        return resp
+
+    def admit_headers(self, model_name: str, headers: Mapping[str, str]) -> Admitted | Response:
+        """Everything the headers decide, before the body is read: API key (401 before anything names
+        a model), model name (404), readiness and drain (503), priority and deadline headers (400),
+        priority ceiling (403), token bucket (429, the token is taken here) and queue room (429).
+        Returns the refusal (counted and answered) or what was admitted so far."""
+        priority = self.config.priorities.default
+        tenant: Tenant | None = None
+        try:
+            tenant = self.tenants.authenticate(headers.get("authorization"))
+            if model_name != self.model_name:
+                raise ModelNotFound(f"model {model_name!r} is not served here")
+            if self.draining:
+                raise Draining("the server is shutting down; retry on another replica")
+            if not self.loaded or self.core is None or self.dispatcher is None or self.runner is None:
+                raise NotReady("the model is still loading")
+            rank = self.tenants.priority_rank(headers.get(PRIORITY_HEADER), priority)
+            priority = self.config.priorities.classes[rank]
+            budget = _parse_deadline(headers.get(DEADLINE_HEADER))
+            if budget is not None and budget <= 0:
+                raise DeadlineUnmeetable("the client deadline has already passed")
+        except SluicewayError as e:
+            return self._refused(e, tenant, priority)
+        if self._drain_end is not None:  # shutting down: whatever is admitted must finish in the budget
+            left = self._drain_end - self.clock.now()
+            budget = left if budget is None else min(budget, left)
+        core = self.core
+        try:
+            core.precheck(tenant, rank, priority)  # counts its own refusals
+        except SluicewayError as e:
+            return self._refused(e, tenant, priority, counted=True)
+        if (
+            not self.config.degradation.enabled
+            and core.depth >= core.settings.max_depth
+            and rank >= core.settings.num_classes - 1  # the lowest class can displace nobody
+        ):
+            full = QueueFull(f"queue full ({core.depth} waiting)", retry_after=core.retry_after())
+            return self._refused(full, tenant, priority)
+        return Admitted(tenant, rank, priority, budget)
+
     async def infer(
         self,
         model_name: str,
@@ -219,59 +370,54 @@ class DataPlane:
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None = None,
     ) -> Response:
-        """Answer one infer request. ``headers`` keys are lower-case."""
-        tenant: Tenant | None = None
-        priority = self.config.priorities.default
-        try:
-            resp, tenant, priority = await self._infer(model_name, body, headers, disconnected)
-        except SluicewayError as err:  # refused before the tenant was known
-            self.metrics.rejected.labels(self.model_name, OTHER, priority, err.reason).inc()
-            resp = error_response(err)
-        label = tenant.label if tenant else OTHER
-        self.metrics.answered(label, priority, resp.status)
+        """Answer one infer request whose body is already read. ``headers`` keys are lower-case."""
+        adm = self.admit_headers(model_name, headers)
+        if isinstance(adm, Response):
+            return adm
+        return await self.infer_body(adm, body, headers, disconnected)
+
+    async def infer_body(
+        self,
+        adm: Admitted,
+        body: bytes,
+        headers: Mapping[str, str],
+        disconnected: Callable[[], Awaitable[Any]] | None = None,
+    ) -> Response:
+        """Decode, admit and await the answer of a request :meth:`admit_headers` let through."""
+        resp = await self._infer(adm, body, headers, disconnected)
+        self.metrics.answered(adm.tenant.label, adm.priority, resp.status)
         return resp
 
     async def _infer(
         self,
-        model_name: str,
+        adm: Admitted,
         body: bytes,
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None,
-    ) -> tuple[Response, Tenant | None, str]:
-        priority = self.config.priorities.default
-        if model_name != self.model_name:
-            raise ModelNotFound(f"model {model_name!r} is not served here (this pod serves {self.model_name!r})")
-        if self.draining:
-            raise Draining("the server is shutting down; retry on another replica")
-        if not self.ready or self.core is None or self.dispatcher is None or self.runner is None:
-            raise NotReady("the model is still loading")
-        if len(body) > self.config.server.max_body_bytes:
-            raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {self.config.server.max_body_bytes}")
-        tenant = self.tenants.authenticate(headers.get("authorization"))
+    ) -> Response:
+        assert self.core is not None and self.dispatcher is not None and self.runner is not None
+        tenant, rank, priority, budget = adm.tenant, adm.rank, adm.priority, adm.budget
         try:
-            rank = self.tenants.priority_rank(headers.get(PRIORITY_HEADER), priority)
-        except InvalidInput as e:
-            self.metrics.rejected.labels(self.model_name, tenant.label, priority, e.reason).inc()
-            return error_response(e), tenant, priority
-        priority = self.config.priorities.classes[rank]
-        try:
-            budget = _parse_deadline(headers.get(DEADLINE_HEADER))
-            req = decode_request(body, headers.get(HEADER_LEN), self.runner.inputs)
+            if len(body) > self.config.server.max_body_bytes:
+                raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {self.config.server.max_body_bytes}")
+            if len(body) > DECODE_OFF_LOOP_BYTES:
+                req = await asyncio.to_thread(decode_request, body, headers.get(HEADER_LEN), self.runner.inputs)
+            else:
+                req = decode_request(body, headers.get(HEADER_LEN), self.runner.inputs)
             check_outputs(req, self.runner.outputs)
-            if budget is not None and budget <= 0:
-                raise DeadlineUnmeetable("the client deadline has already passed")
         except SluicewayError as e:
             self.metrics.rejected.labels(self.model_name, tenant.label, priority, e.reason).inc()
-            return error_response(e), tenant, priority
+            return error_response(e)
 
         core, disp = self.core, self.dispatcher
         try:
             deg = self.config.degradation
             if deg.enabled and (
-                core.predicted_wait() > deg.wait_threshold_seconds or core.depth >= core.settings.max_depth
+                core.predicted_wait(rank, tenant) > deg.wait_threshold_seconds
+                or core.depth >= core.settings.max_depth
             ):
-                core.precheck(tenant, rank, priority)
-                return await self._degrade(req, tenant, priority), tenant, priority
+                core.precheck(tenant, rank, priority, check_rate=False)
+                return await self._degrade(req, tenant, priority)
             ticket, fut = disp.submit(
                 tenant,
                 rank,
@@ -279,17 +425,18 @@ class DataPlane:
                 priority_label=priority,
                 batch_key=batch_key(req.inputs),
                 client_budget=budget,
+                check_rate=False,  # the token was taken in admit_headers
             )
         except SluicewayError as e:  # refused at admission (already counted by the core)
-            return error_response(e), tenant, priority
+            return error_response(e)
 
         try:
             outputs = await self._await_answer(ticket, fut, disconnected)
         except SluicewayError as e:
-            return error_response(e), tenant, priority
+            return error_response(e)
         if self.cache is not None:
             self.cache.put(content_hash(self.model_name, req.inputs), outputs)
-        return self._ok(req, outputs), tenant, priority
+        return await self._ok_async(req, outputs)
 
     async def _await_answer(
         self, ticket: Any, fut: asyncio.Future[Any], disconnected: Callable[[], Awaitable[Any]] | None
@@ -309,11 +456,19 @@ class DataPlane:
             raise ClientGone("the client disconnected while queued")
         return await fut  # type: ignore[no-any-return]  # already running: the answer goes nowhere
 
+    async def _ok_async(self, req: InferRequest, outputs: Tensors, degraded: str | None = None) -> Response:
+        """Large answers are encoded in a worker thread (the loop keeps serving probes)."""
+        if sum(getattr(a, "nbytes", 0) for a in outputs.values()) * 4 > DECODE_OFF_LOOP_BYTES:
+            return await asyncio.to_thread(self._ok, req, outputs, degraded)
+        return self._ok(req, outputs, degraded)
+
     def _ok(self, req: InferRequest, outputs: Tensors, degraded: str | None = None) -> Response:
         try:
             body, hdrs = encode_response(self.model_name, self.config.model.version, req, outputs)
-        except (KeyError, TypeError, ValueError) as e:
-            return error_response(ModelError(f"the model's output cannot be encoded: {type(e).__name__}: {e}"))
+        except (KeyError, TypeError, ValueError):
+            eid = new_error_id()
+            log.exception("the model's output cannot be encoded (error id %s)", eid)
+            return error_response(ModelError(f"the model's output cannot be encoded; error id {eid}", error_id=eid))
         if degraded:
             hdrs[DEGRADED_HEADER] = degraded
         return Response(200, body, hdrs)
@@ -322,6 +477,8 @@ class DataPlane:
         """The ladder: fallback model, then the response cache, then 429."""
         assert self.core is not None
         if self.fallback is not None and self._fallback_slots is not None and self._fallback_slots.try_take():
+            self._fallback_inflight += 1  # the drain waits for fallback calls too
+            self._fallback_idle.clear()
             try:
                 loop = asyncio.get_running_loop()
                 out = await loop.run_in_executor(self._fallback_pool, self.fallback.predict, [req.inputs])
@@ -331,6 +488,9 @@ class DataPlane:
                 self.metrics.degraded.labels(self.model_name, "fallback-model").inc()
                 return self._ok(req, out[0], "fallback-model")
             finally:
+                self._fallback_inflight -= 1
+                if self._fallback_inflight == 0:
+                    self._fallback_idle.set()
                 self._fallback_slots.give_back()
         if self.cache is not None:
             hit = self.cache.get(content_hash(self.model_name, req.inputs))

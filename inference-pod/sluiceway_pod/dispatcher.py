@@ -13,6 +13,19 @@ happen on the loop thread; worker threads only compute and report back through t
 Timeouts: a batch that exceeds ``exec_timeout`` is answered 504 at once, but its permit is released
 only when the worker thread really returns, so the device is never double-booked.
 
+Stuck permits: a batch still running ``stuck_grace`` seconds after its execution budget ran out holds
+a *stuck* permit (a hung device or a model in an endless loop). :attr:`stuck` counts them (the main
+task wakes when the next one turns stuck and reports the count through ``on_stuck``); when every
+permit is stuck nothing can ever dispatch again, :attr:`wedged` is true and the pod's liveness probe
+fails so that Kubernetes restarts it.
+
+Futures: every answer future gets a done-callback that retrieves its exception, so a request whose
+client went away (and whose coroutine no longer awaits the future) never logs "Future exception was
+never retrieved".
+
+Model exceptions: logged with a short error id (:func:`~sluiceway_pod.errors.new_error_id`); the
+client gets a :class:`~sluiceway_pod.errors.ModelError` naming only that id, never the exception text.
+
 OOM: ``run_batch`` raising :class:`DeviceOOMSignal` makes the worker report the OOM (the core loses
 one permit, not below 1), free cached device memory and retry the same batch once. A second OOM
 answers every ticket in the batch with :class:`~sluiceway_pod.errors.DeviceOutOfMemory` (503).
@@ -35,6 +48,7 @@ from .errors import (
     ExecTimeout,
     ModelError,
     SluicewayError,
+    new_error_id,
 )
 from .models import DeviceOOMSignal
 from .tenancy import Tenant
@@ -55,10 +69,16 @@ class Dispatcher(Generic[P]):
         on_oom: Callable[[], None] | None = None,
         release_device_cache: Callable[[], None] | None = None,
         max_threads: int | None = None,
+        stuck_grace: float = 30.0,
+        on_stuck: Callable[[int], None] | None = None,
     ) -> None:
         self.core = core
         self._run_batch = run_batch
         self.exec_timeout = exec_timeout
+        self.stuck_grace = stuck_grace
+        self._on_stuck = on_stuck or (lambda _n: None)
+        self._started: dict[int, float] = {}  # id(batch) -> start time, while its device work runs
+        self.stuck = 0
         self.clock = clock
         self._on_oom = on_oom or (lambda: None)
         self._release_cache = release_device_cache or (lambda: None)
@@ -99,6 +119,7 @@ class Dispatcher(Generic[P]):
     ) -> tuple[Ticket[P], asyncio.Future[Any]]:
         """Admit (or raise the refusal). The future resolves to the result or raises the error."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
 
         def answer(result: Any, error: SluicewayError | None) -> None:
             if fut.done():
@@ -135,17 +156,55 @@ class Dispatcher(Generic[P]):
             self._wake.clear()
             self.core.expire()
             while (batch := self.core.next_batch()) is not None:
+                self._started[id(batch)] = self.clock.now()  # before check_stuck below sees the batches
                 task = asyncio.create_task(self._execute(batch))
                 self._running.add(task)
                 task.add_done_callback(self._running.discard)
             if self.core.idle:
                 self._idle.set()
             nxt = self.core.next_wakeup()
+            turns_stuck = self.check_stuck()
+            if turns_stuck is not None:
+                nxt = turns_stuck if nxt is None else min(nxt, turns_stuck)
             timeout = None if nxt is None else max(0.0, nxt - self.clock.now())
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races a wake-up
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+
+    # ------------------------------------------------------------------ stuck permits
+    def check_stuck(self) -> float | None:
+        """Recount stuck permits now (reporting a change); returns when the next one turns stuck."""
+        now = self.clock.now()
+        budget = self.exec_timeout + self.stuck_grace
+        n = 0
+        nxt: float | None = None
+        for started in self._started.values():
+            at = started + budget
+            if at <= now:
+                n += 1
+            elif nxt is None or at < nxt:
+                nxt = at
+        if n != self.stuck:
+            if n > self.stuck:
+                log.error(
+                    "%d of %d permits are held by device work running over %.1fs (execution budget %.1fs "
+                    "+ grace %.1fs)",
+                    n,
+                    self.core.limit,
+                    budget,
+                    self.exec_timeout,
+                    self.stuck_grace,
+                )
+            self.stuck = n
+            self._on_stuck(n)
+        return nxt
+
+    @property
+    def wedged(self) -> bool:
+        """Every permit is held by stuck device work: nothing can dispatch again."""
+        self.check_stuck()
+        return self.stuck > 0 and self.stuck >= self.core.limit
 
     def _call(self, payloads: Sequence[P]) -> Sequence[Any]:
         """Runs in a worker thread."""
@@ -197,9 +256,10 @@ class Dispatcher(Generic[P]):
             for t in batch.tickets:
                 self.core.obs.rejected(e.reason, t.tenant, t.priority_label)
                 t.resolve(error=e)
-        except Exception as e:
-            log.exception("model failed on a batch of %d", len(batch.tickets))
-            failure = ModelError(f"the model failed: {type(e).__name__}: {e}")
+        except Exception:
+            eid = new_error_id()
+            log.exception("model failed on a batch of %d (error id %s)", len(batch.tickets), eid)
+            failure = ModelError(f"the model failed; error id {eid} (see the pod's log)", error_id=eid)
             for t in batch.tickets:
                 self.core.obs.rejected(failure.reason, t.tenant, t.priority_label)
                 t.resolve(error=failure)
@@ -215,6 +275,7 @@ class Dispatcher(Generic[P]):
         self._finish(batch, None)
 
     def _finish(self, batch: Batch[P], elapsed: float | None) -> None:
+        self._started.pop(id(batch), None)
         self.core.finish(batch, elapsed)
         self.wake()
 
@@ -241,3 +302,9 @@ class Dispatcher(Generic[P]):
             self._idle.clear()
             self.wake()
             await self._idle.wait()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as retrieved (its request may have stopped waiting for it)."""
+    if not fut.cancelled():
+        fut.exception()

@@ -3,21 +3,26 @@
 Every way a request can fail is a subclass of :class:`SluicewayError` carrying a stable
 ``reason`` (also the ``reason`` label of ``sluiceway_rejected_total``). :func:`http_status` is the
 only place that decides status codes; the HTTP layer turns any :class:`SluicewayError` into
-``{"error": message}`` with that status and the optional ``Retry-After`` header.
+``{"error": message, "reason": reason}`` with that status and the optional ``Retry-After`` header.
+
+Server faults never carry the model's own exception text to the client: they are logged with a
+short ``error_id`` and the client gets only that id (``"errorId"`` in the body), see :func:`new_error_id`.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 
 
 class SluicewayError(Exception):
     reason: str = "internal"
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None, error_id: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.error_id = error_id
 
     def retry_after_header(self) -> str | None:
         if self.retry_after is None:
@@ -34,6 +39,12 @@ class InvalidInput(SluicewayError):
 
 class PayloadTooLarge(SluicewayError):
     reason = "payload_too_large"
+
+
+class BodyTimeout(SluicewayError):
+    """The request body did not arrive within ``server.bodyTimeoutSeconds``."""
+
+    reason = "body_timeout"
 
 
 class ModelNotFound(SluicewayError):
@@ -128,6 +139,7 @@ _HTTP: dict[type[SluicewayError], int] = {
     PriorityForbidden: 403,
     ModelNotFound: 404,
     PayloadTooLarge: 413,
+    BodyTimeout: 408,
     QueueFull: 429,
     TenantQueueFull: 429,
     RateLimited: 429,
@@ -143,6 +155,11 @@ _HTTP: dict[type[SluicewayError], int] = {
     DeviceOutOfMemory: 503,
     ClientGone: 499,
 }
+
+
+def new_error_id() -> str:
+    """A short random id that ties a client's 500 to the pod's log line (never the exception text)."""
+    return secrets.token_hex(6)
 
 
 def http_status(err: SluicewayError) -> int:

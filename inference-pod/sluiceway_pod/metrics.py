@@ -31,6 +31,7 @@ class PodMetrics:
 
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
         self.model = model
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         m = ["model"]
         mtp = ["model", "tenant", "priority"]
         self.queue_depth = Gauge(
@@ -63,6 +64,12 @@ class PodMetrics:
             names.INFERENCE_SECONDS, "Device time per batch.", m, buckets=INFER_BUCKETS, registry=registry
         )
         self.limit = Gauge(names.CONCURRENCY_LIMIT, "GPU permits in force.", m, registry=registry)
+        self.memory_bound = Gauge(
+            names.CONCURRENCY_MEMORY_BOUND,
+            "Permits that fit device memory (permits: auto on a device with a memory probe).",
+            m,
+            registry=registry,
+        )
         self.in_use = Gauge(
             names.CONCURRENCY_IN_USE, "GPU permits held by running batches.", m, registry=registry
         )
@@ -79,7 +86,25 @@ class PodMetrics:
         self.ready = Gauge(
             names.READY, "1 when the model is warm and the pod accepts work.", m, registry=registry
         )
-        for g in (self.limit, self.in_use, self.gpu_memory, self.ready):
+        self.stuck = Gauge(
+            names.STUCK_PERMITS,
+            "Permits held by device work running past the execution budget plus the stuck grace.",
+            m,
+            registry=registry,
+        )
+        # service-wide quotas (issue 11): set by sluiceway_pod.quota_client when a coordinator is configured
+        self.quota_share = Gauge(
+            names.TENANT_QUOTA_SHARE, "This pod's fraction of the tenant's service-wide quota.", ["model", "tenant"],
+            registry=registry,
+        )
+        self.quota_lease_age = Gauge(
+            names.QUOTA_LEASE_AGE_SECONDS, "Seconds since this pod's quota lease was granted.", m, registry=registry
+        )
+        self.quota_fallback = Gauge(
+            names.QUOTA_FALLBACK, "1 while the pod enforces quota / replicas (lease not renewed).", m,
+            registry=registry,
+        )
+        for g in (self.limit, self.in_use, self.gpu_memory, self.ready, self.stuck):
             g.labels(model)
         for c in (self.enqueued, self.dequeued, self.oom):
             c.labels(model)
@@ -97,20 +122,29 @@ class PodMetrics:
         self.gpu_memory.labels(self.model).set_function(fn)
 
     # ---- Observer protocol ----------------------------------------------------------------
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(model, *labels)``, looked up once per label set (label values are
+        bounded, see above): ``labels()`` costs a lock and a tuple on every call of the hot path."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.model, *labels)
+        return child
+
     def enqueued_hook(self, t: Ticket[Any]) -> None:
-        self.enqueued.labels(self.model).inc()
-        self.queue_depth.labels(self.model, t.tenant.label, t.priority_label).inc()
+        self.child(self.enqueued).inc()
+        self.child(self.queue_depth, t.tenant.label, t.priority_label).inc()
 
     def dequeued_hook(self, t: Ticket[Any], waited: float) -> None:
-        self.dequeued.labels(self.model).inc()
-        self.queue_depth.labels(self.model, t.tenant.label, t.priority_label).dec()
-        self.queue_wait.labels(self.model, t.tenant.label, t.priority_label).observe(waited)
+        self.child(self.dequeued).inc()
+        self.child(self.queue_depth, t.tenant.label, t.priority_label).dec()
+        self.child(self.queue_wait, t.tenant.label, t.priority_label).observe(waited)
 
     def observer(self) -> _Observer:
         return _Observer(self)
 
     def answered(self, tenant_label: str, priority: str, code: int) -> None:
-        self.requests.labels(self.model, tenant_label, priority, str(code)).inc()
+        self.child(self.requests, tenant_label, priority, str(code)).inc()
 
 
 class _Observer:
@@ -124,14 +158,14 @@ class _Observer:
         self.m.dequeued_hook(t, waited)
 
     def rejected(self, reason: str, tenant: Tenant, priority: str) -> None:
-        self.m.rejected.labels(self.m.model, tenant.label, priority, reason).inc()
+        self.m.child(self.m.rejected, tenant.label, priority, reason).inc()
 
     def permits(self, limit: int, in_use: int) -> None:
-        self.m.limit.labels(self.m.model).set(limit)
-        self.m.in_use.labels(self.m.model).set(in_use)
+        self.m.child(self.m.limit).set(limit)
+        self.m.child(self.m.in_use).set(in_use)
 
     def batch(self, size: int) -> None:
-        self.m.batch_size.labels(self.m.model).observe(size)
+        self.m.child(self.m.batch_size).observe(size)
 
     def served(self, seconds: float) -> None:
-        self.m.inference.labels(self.m.model).observe(seconds)
+        self.m.child(self.m.inference).observe(seconds)

@@ -59,6 +59,7 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]
+    max_shape: tuple[int, ...] | None = None  # the largest accepted shape (config ``maxShape``)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -75,7 +76,21 @@ class Runner(Protocol):
 def _specs(items: list[TensorSpecConfig] | None, default: list[TensorSpec]) -> list[TensorSpec]:
     if items is None:
         return default
-    return [TensorSpec(i.name, i.datatype, tuple(i.shape)) for i in items]
+    return [
+        TensorSpec(i.name, i.datatype, tuple(i.shape), tuple(i.max_shape) if i.max_shape is not None else None)
+        for i in items
+    ]
+
+
+def exceeds_max_shape(spec: TensorSpec, shape: Sequence[int]) -> str | None:
+    """Why ``shape`` is larger than the input's declared ``maxShape``, or None when it fits.
+    The decoder answers a non-None result with 400 (the memory sizing holds only up to it)."""
+    if spec.max_shape is None:
+        return None
+    over = [i for i, (d, m) in enumerate(zip(shape, spec.max_shape, strict=False)) if d > m]
+    if not over:
+        return None
+    return f"input {spec.name!r}: shape {list(shape)} exceeds maxShape {list(spec.max_shape)} in dims {over}"
 
 
 def batchable(specs: Sequence[TensorSpec]) -> bool:
@@ -196,6 +211,9 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
         factory = getattr(importlib.import_module(mod_name), attr)
         obj = factory()
         if hasattr(obj, "predict") and hasattr(obj, "inputs"):
+            # a ready runner; declared tensors in the config (e.g. with maxShape) take precedence
+            obj.inputs = _specs(mc.inputs, obj.inputs)
+            obj.outputs = _specs(mc.outputs, obj.outputs)
             return obj  # type: ignore[no-any-return]
         return TorchRunner(
             obj,
@@ -207,9 +225,25 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
 
 
 def example_request(specs: Sequence[TensorSpec], rows: int = 1) -> Tensors:
-    """A deterministic input matching the specs (``-1`` -> ``rows`` in dim 0, 1 elsewhere)."""
+    """A deterministic input matching the specs: ``-1`` -> ``rows`` in dim 0, and elsewhere the
+    declared ``maxShape`` (the largest request, which the memory probe must see) or 1."""
     out: Tensors = {}
     for s in specs:
-        shape = tuple((rows if i == 0 else 1) if d == -1 else d for i, d in enumerate(s.shape))
+        shape = tuple(
+            (rows if i == 0 else (s.max_shape[i] if s.max_shape is not None else 1)) if d == -1 else d
+            for i, d in enumerate(s.shape)
+        )
         out[s.name] = np.ones(shape, dtype=DTYPES[s.datatype])
     return out
+
+
+def max_rows(specs: Sequence[TensorSpec]) -> int:
+    """Rows of the largest single request along the batch dimension: the smallest declared
+    ``maxShape[0]`` among batchable inputs, 1 when none is declared."""
+    declared = [s.max_shape[0] for s in specs if s.max_shape is not None and s.shape and s.shape[0] == -1]
+    return min(declared) if declared else 1
+
+
+def unsized_dims(specs: Sequence[TensorSpec]) -> list[str]:
+    """Inputs with a variable non-batch dimension and no ``maxShape``: the probe sees size 1 there."""
+    return [s.name for s in specs if s.max_shape is None and any(d == -1 for d in s.shape[1:])]

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from .errors import InvalidInput
-from .models import DTYPES, TensorSpec, oip_datatype
+from .models import DTYPES, TensorSpec, exceeds_max_shape, oip_datatype
 
 HEADER_LEN = "inference-header-content-length"
 
@@ -38,6 +38,20 @@ def _loads(raw: bytes) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
+
+
+#: Flat JSON data lists longer than this are converted in slices of this many values, so a worker
+#: thread decoding a huge body lets the event loop take the GIL between slices (probes stay fast).
+CONVERT_SLICE = 65536
+
+
+def _as_array(data: Any, dtype: np.dtype[Any]) -> np.ndarray:
+    if not isinstance(data, list) or len(data) <= CONVERT_SLICE or isinstance(data[0], list):
+        return np.asarray(data, dtype=dtype)
+    out = np.empty(len(data), dtype=dtype)
+    for i in range(0, len(data), CONVERT_SLICE):
+        out[i : i + CONVERT_SLICE] = data[i : i + CONVERT_SLICE]
+    return out
 
 
 def decode_request(body: bytes, header_length: str | None, specs: Sequence[TensorSpec]) -> InferRequest:
@@ -77,6 +91,9 @@ def decode_request(body: bytes, header_length: str | None, specs: Sequence[Tenso
             raise InvalidInput(f"input {name!r}: shape must be a list of non-negative integers")
         if len(shape) != len(spec.shape) or any(w != -1 and w != d for w, d in zip(spec.shape, shape, strict=True)):
             raise InvalidInput(f"input {name!r}: shape {shape} does not match {list(spec.shape)} (-1 = any)")
+        too_big = exceeds_max_shape(spec, shape)
+        if too_big is not None:
+            raise InvalidInput(too_big)
         dtype = np.dtype(DTYPES[spec.datatype])
         count = math.prod(shape)
         params = t.get("parameters") or {}
@@ -97,7 +114,7 @@ def decode_request(body: bytes, header_length: str | None, specs: Sequence[Tenso
             if data is None:
                 raise InvalidInput(f"input {name!r}: 'data' is missing")
             try:
-                arr = np.asarray(data, dtype=dtype)
+                arr = _as_array(data, dtype)
             except (TypeError, ValueError, OverflowError) as e:
                 raise InvalidInput(f"input {name!r}: data is not {spec.datatype}: {e}") from None
             if arr.dtype == object:

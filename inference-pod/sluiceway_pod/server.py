@@ -1,10 +1,21 @@
-"""Process lifecycle: uvicorn on one event loop, warm-up in the background, drain on SIGTERM.
+"""Process lifecycle: two uvicorn servers on one event loop, warm-up in the background, drain on SIGTERM.
 
-Concurrency model: everything runs on the main thread's asyncio loop (uvicorn's), plus the
-device worker threads owned by the dispatcher. Signals are handled on the loop
-(``loop.add_signal_handler``): the first SIGTERM/SIGINT turns readiness off and refuses new
-requests with 503 while queued and running ones finish (at most ``server.drainSeconds``); then
-uvicorn closes its sockets and the process exits 0. A second SIGINT forces an immediate exit.
+Concurrency model: everything runs on the main thread's asyncio loop, plus the device worker threads
+owned by the dispatcher. The inference server (``server.port``) and the admin server
+(``server.metricsPort``: ``/metrics`` and the probes) share the loop, so a wedged loop fails the
+probes on both. Signals are handled on the loop (``loop.add_signal_handler``).
+
+Transport bounds (issue 10, item 7): at most ``server.maxConnections`` open connections on the
+inference port (uvicorn's ``limit_concurrency``: 503 beyond it; the admin port is not counted); the
+request line and headers must arrive within ``server.headerTimeoutSeconds`` of the request's first
+byte (or of the connection) and the body within ``server.bodyTimeoutSeconds`` (408), else the
+connection is closed, so slowloris clients cannot pin connections.
+
+Drain: the first SIGTERM/SIGINT turns readiness off; admission stays open ``server.drainDelaySeconds``
+(the endpoints are being removed meanwhile; the operator may render a preStop sleep instead), then
+new requests get 503 while queued, running and fallback work finishes (at most
+``server.drainSeconds``); responses carry ``Connection: close`` from the signal on. Then uvicorn
+closes its sockets and the process exits 0. A second SIGINT forces an immediate exit.
 """
 
 from __future__ import annotations
@@ -19,22 +30,87 @@ from collections.abc import Generator
 import uvicorn
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from sluiceway_core.config import PodConfig
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .app import build_app
+from .app import build_admin_app, build_app
 from .data_plane import DataPlane
 from .metrics import PodMetrics
 
 log = logging.getLogger("sluiceway.server")
 
 
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol plus a deadline for each request's line and headers.
+
+    The timer runs from the connection (or a request's first byte) to the end of its headers; it is
+    also armed when a response completes while the client is still sending a body nobody reads (a
+    refused request). When it fires and no request is being served, the connection is closed.
+    """
+
+    header_timeout: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_deadline)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_deadline(self) -> None:
+        self._header_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is in service; its body has its own deadline in the app
+        if not self.transport.is_closing():
+            log.debug("closing a connection whose request headers did not arrive in %.1fs", self.header_timeout)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
+            self._arm()  # the rest of an unread body: bounded too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def protocol_with_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]:
+    return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout": seconds})
+
+
+class _AdminServer(uvicorn.Server):
+    """The metrics port. Signals belong to the inference server."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, plane: DataPlane) -> None:
+    def __init__(self, config: uvicorn.Config, plane: DataPlane, admin: uvicorn.Server) -> None:
         super().__init__(config)
         self.plane = plane
+        self.admin = admin
         self.exit_code = 0
         self.drain_complete = True
         self._drain_task: asyncio.Task[None] | None = None
         self._start_task: asyncio.Task[None] | None = None
+        self._admin_task: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -66,6 +142,7 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().startup(sockets=sockets)
+        self._admin_task = asyncio.get_running_loop().create_task(self.admin._serve())
         self._start_task = asyncio.get_running_loop().create_task(self._start_model())
 
     async def _start_model(self) -> None:
@@ -81,6 +158,9 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().shutdown(sockets=sockets)
         await self.plane.stop()
+        self.admin.should_exit = True
+        if self._admin_task is not None:
+            await self._admin_task
 
 
 def run(config: PodConfig) -> int:
@@ -89,18 +169,21 @@ def run(config: PodConfig) -> int:
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
     plane = DataPlane(config, metrics)
-    app = build_app(plane, registry)
+    sc = config.server
+    common = {"host": sc.host, "log_level": sc.log_level, "access_log": False, "lifespan": "off"}
     uv = uvicorn.Config(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        log_level=config.server.log_level,
-        access_log=False,
-        lifespan="off",
+        build_app(plane),
+        port=sc.port,
+        http=protocol_with_header_timeout(sc.header_timeout_seconds),
+        limit_concurrency=sc.max_connections,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
+        **common,  # type: ignore[arg-type]
     )
-    server = _Server(uv, plane)
+    admin = _AdminServer(
+        uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)  # type: ignore[arg-type]
+    )
+    server = _Server(uv, plane, admin)
     server.run()
     if not server.drain_complete:
         # Every request was answered, but a device thread may still be stuck in the model; the

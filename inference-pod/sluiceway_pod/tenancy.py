@@ -3,6 +3,11 @@
 Concurrency model: every object here is owned by the server's event loop and is called only from
 it; nothing blocks and nothing awaits. Time comes from an injected :class:`~sluiceway_pod.clock.Clock`.
 
+Service-wide quotas: with a quota coordinator (``quota.coordinatorUrl``) the buckets and concurrency
+caps hold this pod's *share* of each tenant's quota, set by :meth:`TenantRegistry.apply_shares` from
+a lease (:mod:`sluiceway_pod.quota_client`); before the first lease and when a lease runs out the
+share is ``quota / replicas`` (:func:`sluiceway_core.quota.fallback_share`).
+
 Keys never leave this module: the key file holds SHA-256 hashes only, a presented key is hashed and
 compared against every stored hash with :func:`hmac.compare_digest` (no early exit), and only the
 tenant *name* is returned.
@@ -14,11 +19,12 @@ import hashlib
 import hmac
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluiceway_core.config import TenantLimits, TenantsConfig
+from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
 
 from .clock import Clock
 from .errors import InvalidInput, Unauthenticated
@@ -59,7 +65,8 @@ class KeyStore:
 
 
 class TokenBucket:
-    """Classic token bucket: ``rate`` tokens/s, at most ``burst`` stored, starts full."""
+    """Classic token bucket: ``rate`` tokens/s, at most ``burst`` stored, starts full. A leased share
+    may set ``rate`` to 0 (the quota is held by other pods): then nothing passes until it grows."""
 
     def __init__(self, rate: float, burst: int, clock: Clock) -> None:
         self.rate = rate
@@ -79,7 +86,15 @@ class TokenBucket:
         if self._tokens >= 1.0 - 1e-9:  # tolerate float rounding of refills
             self._tokens = max(0.0, self._tokens - 1.0)
             return 0.0
+        if self.rate <= 0 or self.burst < 1:
+            return 1.0  # no share of the quota on this pod right now: ask again after a renewal
         return (1.0 - self._tokens) / self.rate
+
+    def set(self, rate: float, burst: int) -> None:
+        """Change rate and capacity (a new lease): tokens earned so far stay, up to the new burst."""
+        self._refill()
+        self.rate, self.burst = rate, float(burst)
+        self._tokens = min(self._tokens, self.burst)
 
     @property
     def tokens(self) -> float:
@@ -104,15 +119,24 @@ class Tenant:
 class TenantRegistry:
     """Authentication plus per-tenant limits and buckets."""
 
-    def __init__(self, config: TenantsConfig, priority_classes: list[str], clock: Clock) -> None:
+    def __init__(
+        self, config: TenantsConfig, priority_classes: list[str], clock: Clock, *, default_priority: str
+    ) -> None:
         self._config = config
         self._classes = priority_classes
+        #: anonymous and unlisted tenants without an explicit ``maxPriority`` are capped here
+        self._default_rank = priority_classes.index(default_priority)
         self._clock = clock
         self._keys = KeyStore.from_file(config.keys_file) if config.keys_file else KeyStore([])
         self._listed = {t.name: t for t in config.tenants}
         self._tenants: dict[str, Tenant] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self.known_labels = frozenset([*self._listed, config.anonymous_tenant, OTHER])
+        #: service-wide quotas: None = quotas hold per pod (no coordinator); else the replica count
+        #: the fallback divides by, until a lease says otherwise
+        self.replicas: int | None = None
+        self._shares: dict[str, TenantShare] = {}
+        self._counts: dict[str, list[int]] = {}  # tenant -> [admitted, refused] since the last report
 
     def _limits(self, name: str) -> TenantLimits:
         listed = self._listed.get(name)
@@ -125,7 +149,12 @@ class TenantRegistry:
         if t is None:
             lim = self._limits(name)
             listed = name in self._listed or name == self._config.anonymous_tenant
-            rank = self._classes.index(lim.max_priority) if lim.max_priority else 0
+            if lim.max_priority:
+                rank = self._classes.index(lim.max_priority)
+            elif name in self._listed and name != self._config.anonymous_tenant:
+                rank = 0  # a listed keyed tenant without a ceiling may use every class
+            else:
+                rank = self._default_rank  # anonymous and unlisted: at most the default class
             t = Tenant(
                 name=name,
                 label=name if listed else OTHER,
@@ -140,12 +169,63 @@ class TenantRegistry:
             if lim.rate is not None:
                 burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
                 self._buckets[name] = TokenBucket(lim.rate, burst, self._clock)
+                share = self.share(name)
+                if share is not None and share.rate is not None and share.burst is not None:
+                    self._buckets[name].set(share.rate, share.burst)
         return t
+
+    # ---------------------------------------------------------------- service-wide quotas
+    def quota(self, name: str) -> TenantQuota:
+        lim = self._limits(name)
+        return TenantQuota(lim.rate, lim.burst, lim.max_concurrent)
+
+    def quotas(self) -> dict[str, TenantQuota]:
+        """The configured quota of every tenant this pod knows (listed, anonymous, seen)."""
+        names = set(self._listed) | set(self._tenants)
+        if self._config.anonymous_allowed:
+            names.add(self._config.anonymous_tenant)
+        out = {n: self.quota(n) for n in sorted(names)}
+        return {n: q for n, q in out.items() if q.rate is not None or q.max_concurrent is not None}
+
+    def share(self, name: str) -> TenantShare | None:
+        """This pod's share of the tenant's quota in force (None: quotas hold per pod)."""
+        got = self._shares.get(name)
+        if got is not None:
+            return got
+        if self.replicas is None:
+            return None
+        return fallback_share(self.quota(name), self.replicas)
+
+    def apply_shares(self, shares: Mapping[str, TenantShare] | None, replicas: int) -> None:
+        """A new lease (``shares``), or ``None``: the lease ran out, fall back to quota / replicas."""
+        self.replicas = max(1, replicas)
+        self._shares = dict(shares) if shares is not None else {}
+        for name, bucket in self._buckets.items():
+            share = self.share(name)
+            if share is not None and share.rate is not None and share.burst is not None:
+                bucket.set(share.rate, share.burst)
+
+    def concurrency_cap(self, tenant: Tenant) -> int | None:
+        """The tenant's concurrency cap on this pod: its leased share of ``maxConcurrent``."""
+        share = self.share(tenant.name)
+        if share is None or tenant.max_concurrent is None:
+            return tenant.max_concurrent
+        return share.max_concurrent
+
+    def refused_names(self) -> list[str]:
+        """Tenants whose bucket refused a request since the last :meth:`take_counts`."""
+        return [n for n, c in self._counts.items() if c[1]]
+
+    def take_counts(self) -> dict[str, tuple[int, int]]:
+        """(admitted, refused) by the token bucket per tenant since the previous call."""
+        out = {n: (c[0], c[1]) for n, c in self._counts.items()}
+        self._counts.clear()
+        return out
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """``Authorization: Bearer <key>`` -> tenant. Raises :class:`Unauthenticated`."""
         if not authorization:
-            if self._config.allow_anonymous:
+            if self._config.anonymous_allowed:
                 return self.tenant(self._config.anonymous_tenant)
             raise Unauthenticated("missing Authorization: Bearer <api key>")
         scheme, _, key = authorization.partition(" ")
@@ -159,7 +239,10 @@ class TenantRegistry:
     def take_token(self, tenant: Tenant) -> float:
         """0.0 if admitted by the tenant's bucket, else seconds until the next token."""
         bucket = self._buckets.get(tenant.name)
-        return 0.0 if bucket is None else bucket.try_take()
+        wait = 0.0 if bucket is None else bucket.try_take()
+        counts = self._counts.setdefault(tenant.name, [0, 0])
+        counts[0 if wait == 0.0 else 1] += 1
+        return wait
 
     def priority_rank(self, header: str | None, default: str) -> int:
         name = (header or default).strip().lower()

@@ -7,6 +7,8 @@ Layout (reconcile without I/O):
 * :mod:`.status` - pure condition computation;
 * :mod:`.kube` - the only module that talks to the Kubernetes API;
 * :mod:`.prom` - Prometheus queries for status and the built-in engine;
+* :mod:`.reconcile` - the spec path and the signals path, with the per-object state and lock;
+* :mod:`.ticker` - the periodic loops (drift repair, signals) without finalizers;
 * :mod:`.handlers` - thin kopf handlers; :mod:`.settings` - kopf and operator settings;
 * :mod:`.cli` - ``sluiceway-operator run``.
 """

@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--scaler-address", default=None, help="host:port of the sluiceway KEDA external scaler")
     run.add_argument("--drift-interval", type=float, default=None, help="seconds between drift repairs")
+    run.add_argument(
+        "--signals-interval",
+        type=float,
+        default=None,
+        help="seconds between Prometheus reads (status columns, builtin engine)",
+    )
     run.add_argument("--log-format", choices=sorted(_LOG_FORMATS), default=None)
     run.add_argument(
         "--liveness", default=None, help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz"
@@ -54,12 +60,12 @@ def config_from_args(args: argparse.Namespace, base: OperatorConfig) -> Operator
         cfg = dataclasses.replace(cfg, namespaces=())
     elif args.namespace:
         cfg = dataclasses.replace(cfg, namespaces=tuple(args.namespace))
-    for attr in ("prometheus_url", "scaler_address", "drift_interval", "log_format", "liveness"):
+    for attr in ("prometheus_url", "scaler_address", "drift_interval", "signals_interval", "log_format", "liveness"):
         value = getattr(args, attr)
         if value is not None:
             cfg = dataclasses.replace(cfg, **{attr: value})
-    if cfg.drift_interval <= 0:
-        raise SystemExit("sluiceway-operator: --drift-interval must be > 0")
+    if cfg.drift_interval <= 0 or cfg.signals_interval <= 0:
+        raise SystemExit("sluiceway-operator: --drift-interval and --signals-interval must be > 0")
     return cfg
 
 

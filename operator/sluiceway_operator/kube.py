@@ -7,8 +7,14 @@ concurrently for changes (the drift timer may overlap a change handler; both onl
 server-side applies, so the last one wins with identical content).
 
 Writes are server-side applies under the fixed field manager ``sluiceway-operator`` with
-``force=true``: the operator owns exactly the fields it renders and nothing else (so when the
-autoscaler owns ``spec.replicas`` the operator never touches it).
+``force=true``: the operator owns exactly the fields it renders and nothing else. The Deployment's
+``spec.replicas`` has its own manager, ``sluiceway-operator-replicas`` (engines ``none`` and
+``builtin``), so the Deployment's apply never removes it and switching to an autoscaler keeps the
+count (the Kubernetes docs' SSA ownership transfer; :meth:`Kube.hand_over_replicas` moves it from
+the old single manager).
+
+Which API answers mean "this child is refused" (a spec problem: :class:`ChildRejected`) and which
+mean "try again" (:class:`ApiError`) is decided here, in :func:`is_refusal`.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ from kubernetes.client.exceptions import ApiException
 
 from . import FIELD_MANAGER, GROUP, KIND, VERSION
 
-__all__ = ["ApiError", "Kube", "SecretProblem"]
+__all__ = ["REPLICAS_MANAGER", "ApiError", "Kube", "SecretProblem", "controlled_by", "is_refusal"]
+
+#: Field manager of the Deployment's ``spec.replicas`` (engines none and builtin).
+REPLICAS_MANAGER = f"{FIELD_MANAGER}-replicas"
 
 #: (apiVersion, kind) -> (URL prefix, plural)
 _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -53,6 +62,29 @@ class ApiError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+def is_refusal(err: ApiError) -> bool:
+    """Whether the API server refused the object itself (invalid, not transient): 400/422, or the
+    500 that server-side apply answers when an object does not fit the type's schema."""
+    if err.status in (400, 422):
+        return True
+    text = str(err)
+    return err.status == 500 and ("failed to create typed" in text or "typed patch" in text)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether ``obj`` has a controller ownerReference to ``uid``."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+def _owns_replicas(obj: Mapping[str, Any], manager: str) -> bool:
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        fields = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if entry.get("manager") == manager and entry.get("operation") == "Apply" and "f:replicas" in fields:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -119,18 +151,47 @@ class Kube:
 
     # -- children -------------------------------------------------------------------------------
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply one object under the operator's field manager."""
+    def apply(
+        self, manifest: Mapping[str, Any], *, dry_run: bool = False, manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Server-side apply one object (``dry_run``: validated and admitted, not stored)."""
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", manager), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
         result: dict[str, Any] = self._call(
-            "PATCH",
-            path,
-            body=dict(manifest),
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
-            content_type="application/apply-patch+yaml",
+            "PATCH", path, body=dict(manifest), query=query, content_type="application/apply-patch+yaml"
         )
         return result
+
+    def hand_over_replicas(self, deployment: Mapping[str, Any]) -> bool:
+        """If the Deployment's own manager owns ``spec.replicas`` (an operator before the split),
+        give the field to :data:`REPLICAS_MANAGER` at its current value first, so the next apply
+        without it does not remove it (SSA "transferring ownership"). True if it did."""
+        if not _owns_replicas(deployment, FIELD_MANAGER):
+            return False
+        meta = deployment["metadata"]
+        replicas = int((deployment.get("spec") or {}).get("replicas") or 1)
+        self.apply(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "spec": {"replicas": replicas},
+            },
+            manager=REPLICAS_MANAGER,
+        )
+        return True
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the InferenceService's status subresource."""
+        self._call(
+            "PATCH",
+            _path(f"{GROUP}/{VERSION}", KIND, namespace, name) + "/status",
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -146,8 +207,7 @@ class Kube:
         obj = self.get(api_version, kind, namespace, name)
         if obj is None:
             return False
-        refs = obj.get("metadata", {}).get("ownerReferences") or []
-        if not any(r.get("uid") == owner_uid and r.get("controller") for r in refs):
+        if not controlled_by(obj, owner_uid):
             return False
         try:
             self._call("DELETE", _path(api_version, kind, namespace, name))

@@ -38,6 +38,9 @@ from .spec import InferenceServiceSpec, LimitsSpec, SpecError
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
     "HTTP_PORT",
+    "METRICS_PORT",
+    "PRESTOP_SLEEP_SECONDS",
+    "SCALER_TRIGGER_TYPE",
     "Environment",
     "Owner",
     "Rendered",
@@ -46,18 +49,23 @@ __all__ = [
     "build_keys_secret",
     "build_pdb",
     "build_pod_config",
+    "build_replicas",
     "build_scaled_object",
     "build_service",
     "build_service_monitor",
+    "clamp_replicas",
     "config_hash",
     "endpoint_url",
     "keys_text",
     "pod_labels",
     "render",
+    "termination_grace_seconds",
 ]
 
 HTTP_PORT = 8080
-METRICS_SERVICE_PORT = 9091
+#: The pod serves ``/metrics`` on this separate port (container port ``metrics``, pod config
+#: ``server.metricsPort``); the inference port does not serve it.
+METRICS_PORT = 9091
 CONFIG_DIR = "/etc/sluiceway"
 CONFIG_FILE = "config.yaml"
 KEYS_DIR = "/var/run/secrets/sluiceway"
@@ -65,8 +73,11 @@ KEYS_FILE = "keys.txt"
 CONFIG_HASH_ANNOTATION = "sluiceway.io/config-hash"
 INSTANCE_LABEL = "sluiceway.io/inferenceservice"
 RUN_AS = 65532
-#: Extra seconds of termination grace beyond the drain budget (endpoint removal, exit).
+#: Extra seconds of termination grace beyond the preStop sleep and the drain budget (exit).
 GRACE_SLACK_SECONDS = 10
+#: preStop sleep: the pod keeps serving while the endpoints controller and the proxies remove it
+#: from the Service, and only then gets SIGTERM and drains. Grace = preStop + drain + slack.
+PRESTOP_SLEEP_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,9 @@ class Rendered:
     pod_config: PodConfig
     #: (apiVersion, kind) pairs that are *not* desired and should be pruned if present.
     absent: list[tuple[str, str]] = field(default_factory=list)
+    #: The Deployment's replica count when the operator owns it (engines ``none`` and
+    #: ``builtin``), applied with :func:`build_replicas`; ``None`` when an autoscaler owns it.
+    replicas: int | None = None
 
 
 def pod_labels(name: str) -> dict[str, str]:
@@ -180,6 +194,7 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec) -> PodConfig:
         "server": {
             "host": "0.0.0.0",
             "port": HTTP_PORT,
+            "metrics_port": METRICS_PORT,
             "drain_seconds": parse_duration(t.drain),
             "log_level": spec.log_level,
         },
@@ -258,19 +273,25 @@ def build_keys_secret(owner: Owner, keys: str) -> dict[str, Any]:
     }
 
 
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
+    """preStop sleep + the drain budget + slack: SIGTERM comes after preStop, then the pod drains."""
+    return PRESTOP_SLEEP_SECONDS + math.ceil(parse_duration(spec.timeouts.drain)) + GRACE_SLACK_SECONDS
+
+
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    """Probes go to the metrics port: the pod serves them there too, outside the inference port's
+    connection limit, so a flood of tenants cannot fail liveness."""
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": "metrics"},
         "periodSeconds": period,
         "timeoutSeconds": 2,
         "failureThreshold": failures,
     }
 
 
-def build_deployment(
-    owner: Owner, spec: InferenceServiceSpec, digest: str, replicas: int | None
-) -> dict[str, Any]:
-    """The Deployment. ``replicas=None`` leaves ``spec.replicas`` to the autoscaler (not owned)."""
+def build_deployment(owner: Owner, spec: InferenceServiceSpec, digest: str) -> dict[str, Any]:
+    """The Deployment, without ``spec.replicas``: the replica count is applied on its own, under a
+    separate field manager (:func:`build_replicas`), so switching engines never drops it."""
     r = spec.resources
     resources: dict[str, Any] = {
         "requests": {"cpu": str(r.cpu), "memory": str(r.memory)},
@@ -300,12 +321,16 @@ def build_deployment(
         "image": spec.model.image,
         "imagePullPolicy": spec.model.image_pull_policy,
         "command": ["sluiceway-pod", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": resources,
         "startupProbe": _http_probe("/v2/health/live", 5, 120),
         "livenessProbe": _http_probe("/v2/health/live", 10, 3),
         "readinessProbe": _http_probe("/v2/health/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -317,7 +342,7 @@ def build_deployment(
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
-        "terminationGracePeriodSeconds": math.ceil(parse_duration(spec.timeouts.drain)) + GRACE_SLACK_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS,
@@ -326,6 +351,8 @@ def build_deployment(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "enableServiceLinks": False,
+        # User models run here: no Kubernetes API credentials in the pod.
+        "automountServiceAccountToken": False,
     }
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
@@ -354,14 +381,34 @@ def build_deployment(
             "spec": pod_spec,
         },
     }
-    if replicas is not None:
-        dep_spec = {"replicas": replicas, **dep_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(owner, owner.name),
         "spec": dep_spec,
     }
+
+
+def build_replicas(owner: Owner, replicas: int) -> dict[str, Any]:
+    """A replicas-only apply of the Deployment, for the replicas field manager.
+
+    The Kubernetes docs' "transferring ownership" for server-side apply: ``spec.replicas`` is
+    owned by its own manager (``sluiceway-operator-replicas``), never by the manager that applies
+    the Deployment, so the Deployment's apply never removes it. When an autoscaler takes over,
+    this apply stops and the field keeps its value until the HPA changes it.
+    """
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": owner.name, "namespace": owner.namespace},
+        "spec": {"replicas": replicas},
+    }
+
+
+def clamp_replicas(spec: InferenceServiceSpec, replicas: int | None) -> int:
+    """The builtin engine's count within ``[minReplicas, maxReplicas]`` (``minReplicas`` if unknown)."""
+    a = spec.autoscaling
+    return min(a.max_replicas, max(a.min_replicas, replicas if replicas is not None else a.min_replicas))
 
 
 def build_service(owner: Owner) -> dict[str, Any]:
@@ -374,7 +421,7 @@ def build_service(owner: Owner) -> dict[str, Any]:
             "selector": selector_labels(owner.name),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_SERVICE_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
     }
@@ -402,11 +449,36 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+#: KEDA opens ``StreamIsActive`` (the scaler's push path) only for ``external-push``; with
+#: ``external`` it polls ``IsActive`` after every ``GetMetrics``. The HPA path (GetMetricSpec /
+#: GetMetrics) is the same for both types.
+SCALER_TRIGGER_TYPE = "external-push"
+
+
+def scale_down_windows(spec: InferenceServiceSpec) -> tuple[int, int]:
+    """``(hpa_seconds, scaler_seconds)``: how the spec's scale-down window is split.
+
+    Both the HPA's ``behavior.scaleDown`` window and the sluiceway scaler's
+    ``scaleDownWindowSeconds`` stabilise, and a drop shows after their *sum*. With engine ``keda``
+    the scaler holds the whole window (it also holds on missing data) and the HPA's is 0; with
+    engine ``prometheus`` (KEDA's own triggers, no window of their own) the HPA holds all of it.
+    The two always add up to ``autoscaling.scaleDown.stabilizationWindow``.
+    """
+    window = _seconds(spec.autoscaling.scale_down.stabilization_window)
+    return (0, window) if spec.autoscaling.engine == "keda" else (window, 0)
+
+
 def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any]:
-    """KEDA ScaledObject: fast up, slow down, never below current replicas on signal loss."""
+    """KEDA ScaledObject: fast up, slow down, never below current replicas on signal loss.
+
+    Only fields KEDA uses are rendered: ``pollingInterval`` and ``cooldownPeriod`` matter only when
+    ``minReplicaCount`` is 0 (KEDA's admission webhook warns otherwise, kedacore/keda#7271), and the
+    CRD refuses ``minReplicas: 0`` until scale-from-zero exists, so they are normally absent.
+    """
     a = spec.autoscaling
     wait_target = parse_duration(a.target_wait_p95)
     prometheus = a.prometheus_address or env.prometheus_url
+    hpa_window, scaler_window = scale_down_windows(spec)
     behavior = {
         "scaleUp": {
             "stabilizationWindowSeconds": _seconds(a.scale_up.stabilization_window),
@@ -425,7 +497,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             ],
         },
         "scaleDown": {
-            "stabilizationWindowSeconds": _seconds(a.scale_down.stabilization_window),
+            "stabilizationWindowSeconds": hpa_window,
             "selectPolicy": "Min",
             "policies": [
                 {
@@ -438,8 +510,6 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
     }
     so_spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
-        "pollingInterval": _seconds(a.polling_interval),
-        "cooldownPeriod": _seconds(a.scale_down.stabilization_window),
         "minReplicaCount": a.min_replicas,
         "maxReplicaCount": a.max_replicas,
         "advanced": {
@@ -447,6 +517,9 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "horizontalPodAutoscalerConfig": {"name": f"keda-hpa-{owner.name}", "behavior": behavior},
         },
     }
+    if a.min_replicas == 0:  # only then does KEDA's own loop (activation, cooldown) decide anything
+        so_spec["pollingInterval"] = _seconds(a.polling_interval)
+        so_spec["cooldownPeriod"] = _seconds(a.scale_down.stabilization_window)
     if a.engine == "keda":
         metadata: dict[str, str] = {
             "scalerAddress": a.scaler_address or env.scaler_address,
@@ -458,13 +531,13 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "maxReplicas": str(a.max_replicas),
             "scaleUpMaxPods": str(a.scale_up.max_pods_per_period),
             "scaleUpMaxPercent": str(a.scale_up.max_percent_per_period),
-            "scaleDownWindowSeconds": str(_seconds(a.scale_down.stabilization_window)),
+            "scaleDownWindowSeconds": str(scaler_window),
             "scaleDownMaxPods": str(a.scale_down.max_pods_per_period),
             "scaleDownPeriodSeconds": str(_seconds(a.scale_down.period)),
         }
         if prometheus:
             metadata["prometheusAddress"] = prometheus
-        so_spec["triggers"] = [{"type": "external", "metricType": "AverageValue", "metadata": metadata}]
+        so_spec["triggers"] = [{"type": SCALER_TRIGGER_TYPE, "metricType": "AverageValue", "metadata": metadata}]
         # Fallback needs AverageValue triggers; the external trigger is one.
         so_spec["fallback"] = {
             "failureThreshold": 3,
@@ -472,6 +545,10 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "behavior": "currentReplicasIfHigher",
         }
     else:  # prometheus: KEDA's own triggers
+        # ignoreNullValues "false": an empty answer (no series, Prometheus lost the pods) is an
+        # error, not 0, so the HPA holds the replica count instead of scaling down (the HPA never
+        # scales down while a metric fails). No ``fallback``: KEDA allows it only when every
+        # trigger is AverageValue, and wait p95 is a Value metric.
         if not prometheus:
             raise SpecError(
                 "autoscaling.engine prometheus needs autoscaling.prometheusAddress "
@@ -486,7 +563,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
                     "serverAddress": prometheus,
                     "query": Queries.build(owner.namespace, owner.name).queue_depth,
                     "threshold": str(a.target_queue_depth_per_replica),
-                    "ignoreNullValues": "true",
+                    "ignoreNullValues": "false",
                 },
             },
             {
@@ -497,7 +574,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
                     "serverAddress": prometheus,
                     "query": Queries.build(owner.namespace, owner.name).wait_p95,
                     "threshold": _num(wait_target),
-                    "ignoreNullValues": "true",
+                    "ignoreNullValues": "false",
                 },
             },
         ]
@@ -518,7 +595,7 @@ def build_service_monitor(owner: Owner, spec: InferenceServiceSpec) -> dict[str,
             "selector": {"matchLabels": pod_labels(owner.name)},
             "endpoints": [
                 {
-                    "port": "http",
+                    "port": "metrics",
                     "path": "/metrics",
                     "interval": spec.monitoring.interval,
                     "relabelings": [
@@ -546,8 +623,9 @@ def render(
 ) -> Rendered:
     """All children, in apply order (config first, Deployment after what it mounts).
 
-    ``replicas`` is only used by the engines that own ``spec.replicas`` (``none``: ``spec.replicas``;
-    ``builtin``: the value passed in, else ``minReplicas``). Raises :class:`SpecError`.
+    ``replicas`` is the builtin engine's current decision (clamped to the spec's bounds;
+    ``minReplicas`` when None); engine ``none`` uses ``spec.replicas``; keda and prometheus leave
+    the count to the HPA (``Rendered.replicas`` is None). Raises :class:`SpecError`.
     """
     cfg = build_pod_config(owner, spec)
     cfg_yaml = cfg.to_yaml()
@@ -558,14 +636,13 @@ def render(
     if engine == "none":
         owned_replicas = spec.replicas
     elif engine == "builtin":
-        a = spec.autoscaling
-        owned_replicas = min(a.max_replicas, max(a.min_replicas, replicas if replicas is not None else 0))
+        owned_replicas = clamp_replicas(spec, replicas)
     else:
         owned_replicas = None
     manifests = [
         build_config_map(owner, cfg_yaml),
         build_keys_secret(owner, keys),
-        build_deployment(owner, spec, digest, owned_replicas),
+        build_deployment(owner, spec, digest),
         build_service(owner),
         build_pdb(owner, spec),
     ]
@@ -578,4 +655,6 @@ def render(
         manifests.append(build_service_monitor(owner, spec))
     elif env.service_monitor:
         absent.append(SERVICE_MONITOR)
-    return Rendered(manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent)
+    return Rendered(
+        manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent, replicas=owned_replicas
+    )

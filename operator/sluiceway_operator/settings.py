@@ -1,7 +1,8 @@
 """Operator settings (flags > environment > defaults) and the kopf settings derived from them.
 
 Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluster-wide),
-``SLUICEWAY_PROMETHEUS_URL``, ``SLUICEWAY_SCALER_ADDRESS``, ``SLUICEWAY_DRIFT_INTERVAL`` (seconds),
+``SLUICEWAY_PROMETHEUS_URL``, ``SLUICEWAY_SCALER_ADDRESS``, ``SLUICEWAY_DRIFT_INTERVAL`` and
+``SLUICEWAY_SIGNALS_INTERVAL`` (seconds),
 ``SLUICEWAY_LOG_FORMAT`` (``plain`` | ``full`` | ``json``), ``SLUICEWAY_LIVENESS`` (a URL such as
 ``http://0.0.0.0:8081/healthz``).
 """
@@ -28,6 +29,7 @@ class OperatorConfig:
     prometheus_url: str | None = None
     scaler_address: str = "sluiceway-scaler.sluiceway-system.svc:9090"
     drift_interval: float = 60.0
+    signals_interval: float = 15.0
     log_format: str = "plain"
     liveness: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -45,6 +47,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         prometheus_url=env.get("SLUICEWAY_PROMETHEUS_URL") or None,
         scaler_address=env.get("SLUICEWAY_SCALER_ADDRESS") or OperatorConfig.scaler_address,
         drift_interval=float(env.get("SLUICEWAY_DRIFT_INTERVAL") or OperatorConfig.drift_interval),
+        signals_interval=float(env.get("SLUICEWAY_SIGNALS_INTERVAL") or OperatorConfig.signals_interval),
         log_format=env.get("SLUICEWAY_LOG_FORMAT") or "plain",
         liveness=env.get("SLUICEWAY_LIVENESS") or None,
     )

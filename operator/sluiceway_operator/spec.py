@@ -10,13 +10,88 @@ quantities to bytes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 from sluiceway_core.units import UnitError, parse_duration
 
 __all__ = ["InferenceServiceSpec", "SpecError", "parse_spec"]
+
+# The API server's own grammars (k8s.io/apimachinery/pkg/util/validation), so that nothing the
+# operator renders is refused by it. The CRD carries the same patterns; these repeat them for specs
+# that reach the operator another way (tests, an older CRD).
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_QUALIFIED_NAME = re.compile(rf"(({_DNS_LABEL}(\.{_DNS_LABEL})*)/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_QUANTITY = re.compile(
+    r"\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
+)
+_MODEL_SOURCE = re.compile(r"demo|synthetic:[0-9]+|/.*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*", re.S)
+#: Paths the pod mounts itself (config, key hashes, scratch): a model volume must not hide them.
+RESERVED_PATHS = ("/tmp", "/etc/sluiceway", "/var/run/secrets/sluiceway")
+#: The pod config's limit on priority class names (sluiceway_core.config.PrioritiesConfig).
+PRIORITY_CLASS = re.compile(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?")
+
+
+def _subdomain(v: str) -> str:
+    if len(v) > 253 or not _DNS_SUBDOMAIN.fullmatch(v):
+        raise ValueError(f"{v!r} is not a valid object name (a DNS-1123 subdomain, at most 253 characters)")
+    return v
+
+
+def _qualified_name(v: str) -> str:
+    prefix, _, name = v.rpartition("/")
+    if len(prefix) > 253 or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(v):
+        raise ValueError(f"{v!r} is not a valid label key (optional DNS prefix '/', name of at most 63 characters)")
+    return v
+
+
+def _label_value(v: str) -> str:
+    if len(v) > 63 or not _LABEL_VALUE.fullmatch(v):
+        raise ValueError(f"{v!r} is not a valid label value (at most 63 alphanumerics, '-', '_', '.')")
+    return v
+
+
+def _quantity(v: int | str) -> int | str:
+    if isinstance(v, bool) or (isinstance(v, int) and v < 0):
+        raise ValueError(f"{v!r} is not a non-negative quantity")
+    if isinstance(v, str) and not _QUANTITY.fullmatch(v):
+        raise ValueError(f"{v!r} is not a non-negative quantity (such as 500m, 2, 1.5Gi)")
+    return v
+
+
+def _model_source(v: str) -> str:
+    if not _MODEL_SOURCE.fullmatch(v):
+        raise ValueError(
+            f"{v!r} is not a model the pod can load: 'demo', 'synthetic:<milliseconds>', an absolute "
+            "TorchScript path or 'package.module:factory'"
+        )
+    return v
+
+
+def _mount_path(v: str) -> str:
+    if not re.fullmatch(r"(/[^/:]+)+", v) or re.search(r"(^|/)\.\.?(/|$)", v):
+        raise ValueError(f"{v!r} must be an absolute path without ':', '.' or '..' segments or a trailing '/'")
+    for reserved in RESERVED_PATHS:
+        if reserved == v or reserved.startswith(v + "/") or v.startswith(reserved + "/"):
+            raise ValueError(f"{v!r} would hide {reserved}, which the pod needs")
+    return v
+
+
+def _extended_resource(v: str) -> str:
+    if "/" not in v or "kubernetes.io/" in v:
+        raise ValueError(f"{v!r} must be an extended resource name such as nvidia.com/gpu")
+    return _qualified_name(v)
+
+
+SubdomainName = Annotated[str, AfterValidator(_subdomain)]
+LabelKey = Annotated[str, AfterValidator(_qualified_name)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+ModelSource = Annotated[str, AfterValidator(_model_source)]
+
 
 class SpecError(ValueError):
     """The spec cannot be turned into a working service. ``str()`` names the field."""
@@ -27,21 +102,21 @@ class _Model(BaseModel):
 
 
 Duration = str
-Quantity = int | str
+Quantity = Annotated[int | str, AfterValidator(_quantity)]
 
 
 class PvcSpec(_Model):
-    claim_name: str
-    mount_path: str = "/models"
+    claim_name: SubdomainName
+    mount_path: Annotated[str, AfterValidator(_mount_path)] = "/models"
 
 
 class FallbackSpec(_Model):
-    source: str
+    source: ModelSource
     permits: int = Field(default=1, ge=1, le=64)
 
 
 class ModelSpec(_Model):
-    image: str = Field(min_length=1)
+    image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     format: Literal["torchscript", "python", "synthetic", "demo"] = "torchscript"
     source: str = Field(min_length=1)
@@ -51,28 +126,52 @@ class ModelSpec(_Model):
     persistent_volume_claim: PvcSpec | None = None
     fallback: FallbackSpec | None = None
 
+    @model_validator(mode="after")
+    def _format_matches_source(self) -> ModelSpec:
+        ok = {
+            "synthetic": re.fullmatch(r"synthetic:[0-9]+", self.source),
+            "demo": self.source == "demo",
+            "python": re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*", self.source),
+            "torchscript": self.source.startswith("/"),
+        }[self.format]
+        if not ok:
+            raise ValueError(f"model.source {self.source!r} does not match format {self.format}")
+        return self
+
 
 class ResourcesSpec(_Model):
     gpus: int = Field(default=1, ge=0, le=16)
-    gpu_resource_name: str = "nvidia.com/gpu"
+    gpu_resource_name: Annotated[str, AfterValidator(_extended_resource)] = "nvidia.com/gpu"
     cpu: Quantity = "1"
     memory: Quantity = "4Gi"
 
 
 class Toleration(_Model):
-    key: str | None = None
+    """A core/v1 Toleration, with the API server's rules (the CRD's CEL says the same)."""
+
+    key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
+    @model_validator(mode="after")
+    def _rules(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists must have no value")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
+
 
 class PlacementSpec(_Model):
-    node_selector: dict[str, str] | None = None
-    tolerations: list[Toleration] | None = None
+    node_selector: dict[LabelKey, LabelValue] | None = Field(default=None, max_length=64)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32)
     affinity: dict[str, Any] | None = None
-    priority_class_name: str | None = None
-    runtime_class_name: str | None = None
+    priority_class_name: SubdomainName | None = None
+    runtime_class_name: SubdomainName | None = None
 
 
 class ConcurrencySpec(_Model):
@@ -97,7 +196,9 @@ class TimeoutsSpec(_Model):
 
 
 class PrioritiesSpec(_Model):
-    classes: list[str] = Field(default_factory=lambda: ["critical", "standard", "batch"], min_length=1)
+    classes: list[Annotated[str, Field(pattern=PRIORITY_CLASS.pattern.join("^$"))]] = Field(
+        default_factory=lambda: ["critical", "standard", "batch"], min_length=1, max_length=16
+    )
     default: str = "standard"
     aging: Duration = "1s"
 
@@ -124,7 +225,7 @@ class AccessSpec(_Model):
 
 
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1)
+    name: SubdomainName
     key: str = "key"
 
 
@@ -187,8 +288,8 @@ class InferenceServiceSpec(_Model):
     model: ModelSpec
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     placement: PlacementSpec | None = None
-    service_account_name: str | None = None
-    image_pull_secrets: list[str] | None = None
+    service_account_name: SubdomainName | None = None
+    image_pull_secrets: list[SubdomainName] | None = None
     replicas: int = Field(default=1, ge=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     concurrency: ConcurrencySpec = Field(default_factory=ConcurrencySpec)
@@ -216,6 +317,11 @@ class InferenceServiceSpec(_Model):
         if parse_duration(self.queue.target_wait) > parse_duration(t.queue):
             raise ValueError("queue.targetWait must not exceed timeouts.queue")
         a = self.autoscaling
+        if a.min_replicas < 1:
+            raise ValueError(
+                "autoscaling.minReplicas must be at least 1: scale to zero needs a component that holds "
+                "requests while no pod exists, which sluiceway does not have yet"
+            )
         if a.min_replicas > a.max_replicas:
             raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
         classes = self.priorities.classes

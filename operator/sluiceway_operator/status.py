@@ -41,7 +41,11 @@ class Observed:
     queue_depth: float | None = None
     wait_p95: float | None = None
     live_permits: float | None = None
+    #: Permits that fit device memory (``sluiceway_concurrency_memory_bound``), when exported.
+    memory_bound_permits: float | None = None
     builtin_note: str | None = None
+    #: False until the signals timer has read Prometheus once (after a start of the operator).
+    signals_read: bool = True
 
 
 def format_wait(seconds: float) -> str:
@@ -123,6 +127,8 @@ def _autoscaling(o: Observed) -> Cond:
             "PrometheusNotConfigured",
             "engine builtin needs autoscaling.prometheusAddress or the operator's --prometheus-url",
         )
+    if not o.signals_read:
+        return Cond("AutoscalingReady", "Unknown", "SignalsPending", "waiting for the first read of the signals")
     if o.prometheus_error is not None:
         return Cond(
             "AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}"
@@ -181,6 +187,8 @@ def compute_status(
         "queueDepth": round(o.queue_depth) if o.queue_depth is not None else None,
         "waitP95": format_wait(o.wait_p95) if o.wait_p95 is not None else None,
     }
+    if o.memory_bound_permits is not None:
+        status["concurrencyMemoryBound"] = str(round(o.memory_bound_permits))
     if o.config_hash is not None:
         status["configHash"] = o.config_hash
     return status

@@ -3,6 +3,10 @@
 The process runs the gRPC server's worker threads (see :mod:`sluiceway_scaler.service`) plus
 prometheus_client's metrics HTTP thread; the main thread only waits for SIGTERM/SIGINT and then
 stops the server with a grace period.
+
+Security flags (docs/autoscaling.md): ``--allowed-prometheus URL`` and ``--allowed-pod-metrics URL``
+(repeatable; with none, every address is refused), ``--tls-cert``/``--tls-key`` (TLS) and
+``--tls-ca`` (mutual TLS: clients must present a certificate signed by it).
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from sluiceway_scaler.access import AllowList
 from sluiceway_scaler.metrics import ScalerMetrics
-from sluiceway_scaler.service import ExternalScalerService, serve
+from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
+from sluiceway_scaler.service import ExternalScalerService, TlsFiles, serve
 
 log = logging.getLogger("sluiceway_scaler")
 
@@ -32,7 +39,29 @@ def _parser() -> argparse.ArgumentParser:
                    help="gRPC worker threads; each open StreamIsActive holds one (default 64)")
     s.add_argument("--grace", type=float, default=5.0, help="seconds to finish calls on shutdown")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--quota-port", type=int, default=-1,
+                   help="serve the tenant-quota lease coordinator (HTTP) on this port (-1 disables; 0 picks one)")
+    s.add_argument("--quota-lease-seconds", type=float, default=3.0, help="quota lease period (default 3)")
+    s.add_argument("--allowed-prometheus", action="append", default=[], metavar="URL",
+                   help="a Prometheus base URL triggers may name in prometheusAddress (repeatable; "
+                        "exact match after normalising; with none, every address is refused)")
+    s.add_argument("--allowed-pod-metrics", action="append", default=[], metavar="URL",
+                   help="a pod /metrics URL triggers may name in podMetricsUrls (repeatable; default none)")
+    s.add_argument("--tls-cert", type=Path, help="PEM server certificate: serve gRPC over TLS")
+    s.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    s.add_argument("--tls-ca", type=Path,
+                   help="PEM CA bundle: require client certificates signed by it (mutual TLS)")
     return p
+
+
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    if args.tls_ca is not None and (args.tls_cert is None or args.tls_key is None):
+        raise ValueError("--tls-ca needs --tls-cert and --tls-key")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key must be given together")
+    if args.tls_cert is None:
+        return None
+    return TlsFiles(args.tls_cert, args.tls_key, args.tls_ca)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,14 +71,35 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.port <= 65535 or args.workers < 1:
         print("error: --port must be within 0..65535 and --workers >= 1", file=sys.stderr)
         return 2
+    try:
+        allowed = AllowList.build(args.allowed_prometheus, args.allowed_pod_metrics)
+        tls = _tls(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     registry = CollectorRegistry()
     metrics = ScalerMetrics(registry)
+    service = ExternalScalerService(metrics, allowed=allowed)
+    try:
+        server, port = serve(service, args.host, args.port, args.workers, tls=tls)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.metrics_port >= 0:
         start_http_server(args.metrics_port, addr=args.host, registry=registry)
-    service = ExternalScalerService(metrics)
-    server, port = serve(service, args.host, args.port, args.workers)
     # Printed on stdout so that tests and scripts can find a port picked with --port 0.
     print(f"sluiceway-scaler listening on {args.host}:{port}", flush=True)
+    if args.quota_port >= 0:  # tenant quotas (issue 11): see sluiceway_scaler.quota_server
+        _quota, qport, _ = serve_quota(QuotaCoordinator(args.quota_lease_seconds), args.host, args.quota_port)
+        print(f"sluiceway-scaler quota coordinator listening on {args.host}:{qport}", flush=True)
+    if not allowed.prometheus:
+        log.warning("no --allowed-prometheus: every trigger's prometheusAddress is refused")
+    log.info(
+        "gRPC over %s; allowed Prometheus: %s; allowed pod metrics: %s",
+        tls.mode if tls is not None else "plaintext (no --tls-cert)",
+        ", ".join(sorted(allowed.prometheus)) or "none",
+        ", ".join(sorted(allowed.pod_metrics)) or "none",
+    )
     done = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:

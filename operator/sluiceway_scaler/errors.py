@@ -28,6 +28,15 @@ class InvalidMetadata(ScalerError):
         self.field = field
 
 
+class AddressNotAllowed(InvalidMetadata):
+    """The trigger names a Prometheus or pod address that the scaler's allow-list does not hold.
+
+    Raised before any request is made, so a caller cannot use the scaler to reach other addresses.
+    """
+
+    reason = "address_not_allowed"
+
+
 class UnknownMetric(ScalerError):
     """GetMetrics asked for a metric name this scaler never announced."""
 
@@ -46,8 +55,15 @@ class SourceUnavailable(ScalerError):
     reason = "source_unavailable"
 
 
+class SourceGarbage(SourceUnavailable):
+    """Prometheus answered, but not with a usable number (wrong JSON shape, non-numeric, +-Inf)."""
+
+    reason = "garbage"
+
+
 _CODES: dict[type[ScalerError], grpc.StatusCode] = {
     InvalidMetadata: grpc.StatusCode.INVALID_ARGUMENT,
+    AddressNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
     UnknownMetric: grpc.StatusCode.NOT_FOUND,
     NoDecisionYet: grpc.StatusCode.UNAVAILABLE,
     SourceUnavailable: grpc.StatusCode.UNAVAILABLE,

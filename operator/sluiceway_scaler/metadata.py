@@ -29,6 +29,13 @@ activationPollInterval         1s        how often StreamIsActive polls (pods or
 =============================  ========  ====================================================
 
 At least one of ``targetQueueDepthPerReplica`` and ``targetWaitP95`` is required.
+
+KEDA's own keys are accepted too: ``scalerAddress`` (KEDA's alone) and the TLS keys ``caCert``,
+``tlsClientCert``, ``tlsClientKey``, ``tlsCertFile``, ``enableTLS``, ``unsafeSsl``, which
+:func:`sluiceway_scaler.access.check_transport` compares with the connection. The addresses
+(``prometheusAddress``, ``podMetricsUrls``) must also be on the scaler's allow-list
+(:class:`sluiceway_scaler.access.AllowList`); both checks need the server's context, so they are
+not made here.
 """
 
 from __future__ import annotations
@@ -51,8 +58,9 @@ KNOWN_KEYS = frozenset(
         "targetWaitP95", "targetWaitP95Seconds", "minReplicas", "maxReplicas", "scaleDownWindowSeconds",
         "scaleDownMaxPods", "scaleDownPeriodSeconds", "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
         "queryTimeout", "podMetricsUrls", "activationPollInterval", "targetUtilisationPercent",
-        # Passed through by KEDA for the external trigger itself; ignored here.
-        "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "unsafeSsl",
+        # KEDA's own keys for its connection to this scaler: scalerAddress is KEDA's alone; the TLS
+        # keys are checked against the connection the call arrived on (sluiceway_scaler.access).
+        "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile", "unsafeSsl",
     }
 )
 
@@ -70,6 +78,16 @@ class TriggerConfig:
     query_timeout: float
     pod_metrics_urls: tuple[str, ...]
     activation_poll_interval: float
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """Everything that changes a decision: the scaler keys its state by this (plus the
+        ScaledObject's namespace and name), so a trigger naming another address or spec never
+        shares history with this one."""
+        return (
+            self.namespace, self.inference_service, self.prometheus_address, self.pod_metrics_urls,
+            self.rate_window, self.spec,
+        )
 
     @property
     def metric_name(self) -> str:

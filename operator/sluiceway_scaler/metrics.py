@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-HOLD_REASONS = ("source_unavailable", "empty", "nan")
+HOLD_REASONS = ("source_unavailable", "garbage", "empty", "nan")
 
 
 class ScalerMetrics:
@@ -39,6 +39,13 @@ class ScalerMetrics:
         self.query_seconds = Histogram(
             "sluiceway_scaler_prometheus_query_seconds", "Time to read one set of signals from Prometheus",
             registry=registry, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.signal_reads = Counter(
+            "sluiceway_scaler_signal_reads_total",
+            "Signal sets used by an RPC, by source: prometheus (one set of queries) or cache (the set "
+            "read for the same trigger less than the cache lifetime ago, e.g. by the GetMetrics that "
+            "KEDA sends right before IsActive)",
+            ["source"], registry=registry,
         )
         self.pod_polls = Counter(
             "sluiceway_scaler_pod_polls_total",

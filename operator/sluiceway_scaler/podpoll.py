@@ -3,18 +3,20 @@
 Through Prometheus the first queued request becomes visible only after the next scrape plus the
 scaler's next query (up to two scrape intervals). With ``podMetricsUrls`` in the trigger metadata
 the scaler reads the pods directly instead, so ``true`` is pushed within one activation poll
-interval of the first request. Blocking I/O (urllib, one GET per URL with a timeout); called from a
-gRPC worker thread. A pod that cannot be read is skipped; if none can be read the result is
-``None`` (unknown), which never deactivates the service.
+interval of the first request. Blocking I/O (:func:`sluiceway_scaler.fetch.http_get`: one GET per
+URL, a hard deadline, answers capped at 8 MiB); called from a gRPC worker thread. A pod that cannot
+be read, or whose numbers are not finite and non-negative, is skipped; if none can be read the
+result is ``None`` (unknown), which never deactivates the service.
 """
 
 from __future__ import annotations
 
-import urllib.request
+import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sluiceway_scaler.fetch import FetchError, http_get
 from sluiceway_scaler.metrics import ScalerMetrics
 
 __all__ = ["PodActivity", "poll_pods"]
@@ -34,19 +36,23 @@ class PodActivity:
         return previous is not None and self.enqueued > previous.enqueued
 
 
+_MAX_BYTES = 8 << 20
+_WANTED = ("sluiceway_queue_depth", "sluiceway_concurrency_in_use", "sluiceway_enqueued_total")
+
+
 def _read(url: str, timeout: float) -> tuple[float, float, float]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        text = resp.read().decode("utf-8", "replace")
-    depth = in_use = enqueued = 0.0
-    for fam in text_string_to_metric_families(text):
+    """Raises FetchError, or ValueError for an answer that is not usable exposition text."""
+    status, body = http_get(url, timeout, _MAX_BYTES)
+    if status != 200:
+        raise ValueError(f"HTTP {status}")
+    sums = dict.fromkeys(_WANTED, 0.0)
+    for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
         for s in fam.samples:
-            if s.name == "sluiceway_queue_depth":
-                depth += s.value
-            elif s.name == "sluiceway_concurrency_in_use":
-                in_use += s.value
-            elif s.name == "sluiceway_enqueued_total":
-                enqueued += s.value
-    return depth, in_use, enqueued
+            if s.name in sums:
+                if not (math.isfinite(s.value) and s.value >= 0):
+                    raise ValueError(f"{s.name} is {s.value}")
+                sums[s.name] += s.value
+    return sums["sluiceway_queue_depth"], sums["sluiceway_concurrency_in_use"], sums["sluiceway_enqueued_total"]
 
 
 def poll_pods(
@@ -57,7 +63,7 @@ def poll_pods(
     for url in urls:
         try:
             d, u, e = _read(url, timeout)
-        except (OSError, ValueError):
+        except (FetchError, ValueError, TypeError, IndexError):
             if metrics is not None:
                 metrics.pod_polls.labels("error").inc()
             continue

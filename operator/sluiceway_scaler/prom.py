@@ -1,40 +1,45 @@
-"""The only module that talks to Prometheus (through prometheus-api-client's ``PrometheusConnect``).
+"""The only module that talks to Prometheus: instant queries over its HTTP API.
 
-Blocking I/O (``requests`` underneath), one HTTP request per query, each with a timeout and no
-retries: the caller (a gRPC worker thread, or the planner CLI) decides what to do with a failure.
-A :class:`PrometheusSource` holds one ``PrometheusConnect`` per address; it is safe to share between
-threads as long as each query is independent (``requests.Session`` is used read-only here).
+Blocking I/O through :func:`sluiceway_scaler.fetch.http_get`: one GET per query, a hard deadline of
+``timeout`` seconds over the whole exchange (a slow or trickling server cannot hold a worker longer),
+answers capped at 4 MiB, no retries, no proxies from the environment. The caller (a gRPC worker
+thread, or the planner CLI) decides what to do with a failure. A :class:`PrometheusSource` keeps no
+connection or client per address, so nothing accumulates; it is safe to share between threads.
 
 Every series is selected by the labels the scrape config sets on an InferenceService's pods:
 ``namespace="<ns>", inferenceservice="<name>"``.
 
-Failure semantics for the scaler: an error, an empty result or NaN for the queue depth gives
-``Signals(ok=False)`` (the policy holds). A NaN wait p95 means no request waited inside the rate
-window (the histogram has no new observations); it is reported as ``wait_p95=None`` with ``ok=True``.
+Failure semantics for the scaler: an error, garbage (not JSON, wrong shapes, several series, a
+value that is not a number, a queue depth that is infinite or negative), an empty result or NaN for
+the queue depth gives ``Signals(ok=False)`` with the reason first in ``detail`` (the policy holds).
+A NaN wait p95 means no request waited inside the rate window (the histogram has no new
+observations); it is reported as ``wait_p95=None`` with ``ok=True``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
-import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
 from sluiceway_core.policy import Signals
 from sluiceway_core.signals import Queries
-from urllib3.util.retry import Retry
 
-from sluiceway_scaler.errors import SourceUnavailable
+from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
+from sluiceway_scaler.fetch import FetchError, http_get
 from sluiceway_scaler.metrics import ScalerMetrics
 
-__all__ = ["PrometheusSource", "Queries", "ServiceStats"]
+__all__ = ["MAX_ANSWER_BYTES", "PrometheusSource", "Queries", "ServiceStats"]
 
 log = logging.getLogger(__name__)
+
+#: Larger answers are garbage for a one-sample query.
+MAX_ANSWER_BYTES = 4 << 20
+
 
 @dataclass(frozen=True)
 class ServiceStats:
@@ -49,19 +54,6 @@ class ServiceStats:
 class PrometheusSource:
     def __init__(self, metrics: ScalerMetrics | None = None) -> None:
         self._metrics = metrics
-        self._clients: dict[str, PrometheusConnect] = {}
-        self._lock = threading.Lock()
-
-    def _client(self, address: str, timeout: float) -> PrometheusConnect:
-        key = f"{address}|{timeout}"
-        with self._lock:
-            c = self._clients.get(key)
-            if c is None:
-                c = PrometheusConnect(
-                    url=address, disable_ssl=False, retry=Retry(total=0), timeout=timeout
-                )
-                self._clients[key] = c
-            return c
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
@@ -70,23 +62,29 @@ class PrometheusSource:
     def scalar(self, address: str, query: str, timeout: float) -> float | None:
         """One instant query that returns at most one element. ``None`` for an empty result.
 
-        Raises :class:`SourceUnavailable` on connection errors, timeouts, non-200 answers and
-        results with more than one element.
+        Raises :class:`SourceUnavailable` on connection errors, the deadline and non-200 answers,
+        and its subclass :class:`SourceGarbage` when the answer is not an instant vector of at most
+        one numeric sample (not JSON, wrong shapes, several series, a value that is not a number).
+        NaN and +-Inf come back as they are; the caller decides.
         """
-        client = self._client(address, timeout)
+        url = f"{address.rstrip('/')}/api/v1/query?{urlencode({'query': query})}"
         try:
-            result: Any = client.custom_query(query, timeout=timeout)
-        except (requests.RequestException, PrometheusApiClientException, ValueError) as e:
+            status, body = http_get(url, timeout, MAX_ANSWER_BYTES)
+        except FetchError as e:
             self._count("error")
-            raise SourceUnavailable(f"prometheus at {address}: {type(e).__name__}: {e}") from e
-        if not result:
+            raise SourceUnavailable(f"prometheus at {address}: {e}") from e
+        if status != 200:
+            self._count("error")
+            raise SourceUnavailable(f"prometheus at {address}: HTTP {status}: {body[:200]!r}")
+        try:
+            value = _sample(_result(body))
+        except (ValueError, TypeError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self._count("error")
+            raise SourceGarbage(f"prometheus at {address}: {e} (query {query})") from e
+        if value is None:
             self._count("empty")
             return None
-        if len(result) != 1:
-            self._count("error")
-            raise SourceUnavailable(f"query returned {len(result)} series, expected one: {query}")
-        value = float(result[0]["value"][1])
-        self._count("nan" if math.isnan(value) else "ok")
+        self._count("ok" if math.isfinite(value) else "nan")
         return value
 
     def read_signals(self, address: str, queries: Queries, timeout: float) -> tuple[Signals, int | None]:
@@ -99,17 +97,25 @@ class PrometheusSource:
                 return Signals(None, ok=False, detail=why), None
             if math.isnan(depth):
                 return Signals(None, ok=False, detail="nan: queue depth is NaN"), None
+            if math.isinf(depth) or depth < 0:
+                return Signals(None, ok=False, detail=f"garbage: queue depth is {depth}"), None
             wait = self.scalar(address, queries.wait_p95, timeout)
             arrival = self.scalar(address, queries.arrival_rate, timeout)
             completion = self.scalar(address, queries.completion_rate, timeout)
             pods = self.scalar(address, queries.pods_up, timeout)
             utilisation = self.scalar(address, queries.utilisation, timeout)
+            # the demand term (sluiceway_core.policy): offered load and what one request costs
+            offered = self.scalar(address, queries.offered_rate, timeout)
+            cost = self.scalar(address, queries.request_cost, timeout)
+            permits = self.scalar(address, queries.concurrency, timeout)
         except SourceUnavailable as e:
             log.warning("prometheus read failed: %s", e.message)
-            return Signals(None, ok=False, detail=f"source_unavailable: {e.message}"), None
+            return Signals(None, ok=False, detail=f"{e.reason}: {e.message}"), None
         finally:
             if self._metrics is not None:
                 self._metrics.query_seconds.observe(time.perf_counter() - started)
+        up = int(pods) if pods is not None and math.isfinite(pods) and pods >= 0 else None
+        limit = _finite(permits)
         return (
             Signals(
                 queue_depth=depth,
@@ -117,8 +123,12 @@ class PrometheusSource:
                 arrival_rate=_finite(arrival),
                 completion_rate=_finite(completion),
                 utilisation=_finite(utilisation),
+                offered_rate=_finite(offered),
+                request_cost=_finite(cost),
+                permits=int(limit) if limit is not None and limit >= 1 else None,
+                ready_replicas=up,
             ),
-            int(pods) if pods is not None and math.isfinite(pods) else None,
+            up,
         )
 
     def read_stats(self, address: str, queries: Queries, timeout: float) -> ServiceStats:
@@ -133,6 +143,34 @@ class PrometheusSource:
             concurrency=int(conc) if conc is not None else None,
             pods=int(pods) if pods is not None else None,
         )
+
+
+def _result(body: bytes) -> Any:
+    """``data.result`` of a successful instant-vector answer; raises ValueError/TypeError otherwise."""
+    doc = json.loads(body)
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        raise ValueError(f"not a successful query answer: {body[:120]!r}")
+    data = doc.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        raise TypeError(f"not an instant vector: {str(data)[:120]}")
+    return data.get("result")
+
+
+def _sample(result: Any) -> float | None:
+    """The value of an instant vector with at most one sample; raises on any other shape."""
+    if not isinstance(result, list):
+        raise TypeError(f"result is a {type(result).__name__}, not a vector")
+    if not result:
+        return None
+    if len(result) != 1:
+        raise ValueError(f"query returned {len(result)} series, expected one")
+    sample = result[0]
+    if not isinstance(sample, dict) or not isinstance(sample.get("value"), list) or len(sample["value"]) != 2:
+        raise TypeError(f"sample is not {{metric, value: [time, number]}}: {str(sample)[:80]}")
+    raw = sample["value"][1]
+    if not isinstance(raw, str):
+        raise TypeError(f"sample value {raw!r} is not a string")
+    return float(raw)  # Prometheus writes NaN, +Inf, -Inf as such; float() reads them
 
 
 def _finite(x: float | None) -> float | None:

@@ -4,8 +4,28 @@ Concurrency model: a synchronous ``grpc.server`` on a ``ThreadPoolExecutor``. Ea
 on one worker thread and does blocking I/O (Prometheus queries through :mod:`sluiceway_scaler.prom`,
 pod polls through :mod:`sluiceway_scaler.podpoll`). Each open ``StreamIsActive`` holds one worker
 thread for its whole life (KEDA opens one per ScaledObject), so the pool must be larger than the
-number of ScaledObjects served (``--workers``). Shared state is one dict of per-ScaledObject
-decision state behind one lock; the lock is held only while the policy runs, never during I/O.
+number of ScaledObjects served (``--workers``). Shared state is one dict of per-trigger entries
+behind one lock; the lock is held only while the policy runs, never during I/O. Each entry has its
+own fetch lock, held while its signals are read, so concurrent calls for one trigger share a read.
+
+Security (item 13): every RPC checks, before any I/O, that the addresses the trigger names are on
+the allow-list and that KEDA's TLS keys match the connection (:mod:`sluiceway_scaler.access`).
+:func:`serve` listens with TLS, or mutual TLS when a CA is given (:class:`TlsFiles`).
+
+State is keyed by the full trigger identity: the ScaledObject's namespace and name plus
+:attr:`~sluiceway_scaler.metadata.TriggerConfig.identity` (service, namespace, addresses, rate
+window, spec). A trigger that names another Prometheus, or another spec, never shares history with
+this one. Entries not seen for ``forget_after`` seconds (an hour) are dropped; the clock is injected.
+There are no per-address clients to drop: :mod:`sluiceway_scaler.fetch` opens one connection per
+query and closes it.
+
+One set of queries per poll: with a ``type: external`` trigger KEDA calls ``IsActive`` right after
+every ``GetMetrics``. The signals read for a trigger are kept ``signal_ttl`` seconds (1 s, shorter
+than any KEDA polling interval) and answer both calls; ``sluiceway_scaler_signal_reads_total``
+counts reads by source.
+
+``StreamMetricSpec`` (in KEDA's v2.21 proto) is not implemented on purpose: the metric spec never
+changes for a trigger, gRPC answers UNIMPLEMENTED and KEDA then skips it.
 
 How KEDA/HPA arrive at our replica count: ``GetMetricSpec`` announces one metric with
 ``targetSizeFloat = 1`` and ``GetMetrics`` returns ``metricValueFloat = desired replicas`` from
@@ -30,33 +50,69 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import grpc
-from sluiceway_core.policy import Decision, ScaleHistory, desired_replicas
+from sluiceway_core.policy import Decision, HistoryEntry, ScaleHistory, Signals, desired_replicas
+from sluiceway_core.signals import Queries
 
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
+from sluiceway_scaler.access import AllowList, Transport, check_transport
 from sluiceway_scaler.errors import NoDecisionYet, ScalerError, UnknownMetric, grpc_code, reason_of
 from sluiceway_scaler.metadata import TriggerConfig, parse_metadata
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.podpoll import PodActivity, poll_pods
-from sluiceway_scaler.prom import PrometheusSource, Queries
+from sluiceway_scaler.prom import PrometheusSource
 
-__all__ = ["ExternalScalerService", "serve"]
+__all__ = ["FORGET_AFTER", "SIGNAL_TTL", "ExternalScalerService", "TlsFiles", "serve"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Seconds a trigger's signals answer further calls (GetMetrics then IsActive in one KEDA poll).
+SIGNAL_TTL = 1.0
+#: Seconds after which the state of a trigger that no call named any more is dropped.
+FORGET_AFTER = 3600.0
+_PRUNE_EVERY = 60.0
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for the gRPC listener. With ``ca`` the server requires client certificates signed by it."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    @property
+    def mode(self) -> str:
+        return "mutual TLS" if self.ca is not None else "TLS"
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Read the files now. Raises OSError naming an unreadable file."""
+        key, cert = self.key.read_bytes(), self.cert.read_bytes()
+        ca = self.ca.read_bytes() if self.ca is not None else None
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+        )
+
 
 @dataclass
-class _State:
-    history: ScaleHistory
-    replicas: int
+class _Entry:
+    """Everything remembered about one trigger identity."""
+
+    seen: float
+    history: ScaleHistory = field(default_factory=ScaleHistory)
+    replicas: int | None = None
     active: bool | None = None
     pods: PodActivity | None = None
+    signals: tuple[Signals, int | None] | None = None
+    read_at: float = 0.0
+    fetch: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _strip_index(name: str) -> str:
@@ -67,23 +123,40 @@ def _strip_index(name: str) -> str:
     return name
 
 
+def _hold_reason(signals: Signals) -> str:
+    return signals.detail.split(":", 1)[0] or "empty"
+
+
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def __init__(
         self,
         metrics: ScalerMetrics,
         source: PrometheusSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        allowed: AllowList | None = None,
+        signal_ttl: float = SIGNAL_TTL,
+        forget_after: float = FORGET_AFTER,
     ) -> None:
         self._metrics = metrics
         self._source = source or PrometheusSource(metrics)
         self._clock = clock
+        self._allowed = allowed if allowed is not None else AllowList()
+        self._ttl = signal_ttl
+        self._forget_after = forget_after
         self._lock = threading.Lock()
-        self._state: dict[tuple[str, str, str], _State] = {}
+        self._entries: dict[tuple[str, str, tuple[object, ...]], _Entry] = {}
+        self._pruned_at = clock()
         self._stopping = threading.Event()
 
     def stop(self) -> None:
         """End open streams (called on server shutdown)."""
         self._stopping.set()
+
+    def tracked(self) -> int:
+        """How many trigger identities have state in memory."""
+        with self._lock:
+            return len(self._entries)
 
     # --- plumbing ---------------------------------------------------------------------------
     def _call(self, method: str, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
@@ -105,63 +178,91 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         context.abort(code, message)
         raise AssertionError("unreachable: context.abort raises")
 
-    @staticmethod
-    def _config(ref: Any) -> TriggerConfig:
-        return parse_metadata(dict(ref.scalerMetadata), ref.namespace)
+    def _config(self, ref: Any, context: grpc.ServicerContext) -> TriggerConfig:
+        """Validate the metadata, its TLS keys against this call's transport, and the addresses
+        against the allow-list. No I/O happens before this returns."""
+        metadata = dict(ref.scalerMetadata)
+        cfg = parse_metadata(metadata, ref.namespace)
+        check_transport(metadata, Transport.from_auth_context(context.auth_context()))
+        self._allowed.check(cfg)
+        return cfg
 
-    @staticmethod
-    def _key(ref: Any, cfg: TriggerConfig) -> tuple[str, str, str]:
-        return (ref.namespace or cfg.namespace, ref.name, cfg.metric_name)
-
-    # --- decisions --------------------------------------------------------------------------
-    def decide(self, ref: Any) -> tuple[TriggerConfig, Decision]:
-        """Read the signals, run the policy, remember the decision. Raises ScalerError."""
-        cfg = self._config(ref)
-        key = self._key(ref, cfg)
-        queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
-        signals, pods_up = self._source.read_signals(cfg.prometheus_address, queries, cfg.query_timeout)
+    def _entry(self, ref: Any, cfg: TriggerConfig) -> _Entry:
+        """The trigger's entry (created if new), marked seen now; prunes unseen entries now and then."""
+        key = (ref.namespace, ref.name, cfg.identity)
         now = self._clock()
         with self._lock:
-            st = self._state.get(key)
-            if st is not None:
-                current = st.replicas
-            elif signals.ok and pods_up is not None:
-                current = pods_up
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(seen=now)
+            entry.seen = now
+            if now - self._pruned_at >= _PRUNE_EVERY:
+                self._pruned_at = now
+                horizon = now - self._forget_after
+                for k in [k for k, e in self._entries.items() if e.seen < horizon]:
+                    del self._entries[k]
+            n = len(self._entries)
+        self._metrics.tracked.set(n)
+        return entry
+
+    def _signals(self, cfg: TriggerConfig, entry: _Entry) -> tuple[Signals, int | None]:
+        """The trigger's signals: from the entry if read less than ``signal_ttl`` ago, else one set of
+        Prometheus queries. Never raises (failures are ``Signals(ok=False)``)."""
+        with entry.fetch:
+            if entry.signals is not None and self._clock() - entry.read_at < self._ttl:
+                self._metrics.signal_reads.labels("cache").inc()
+                return entry.signals
+            queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
+            got = self._source.read_signals(cfg.prometheus_address, queries, cfg.query_timeout)
+            entry.signals, entry.read_at = got, self._clock()
+            self._metrics.signal_reads.labels("prometheus").inc()
+            return got
+
+    # --- decisions --------------------------------------------------------------------------
+    def decide(self, ref: Any, cfg: TriggerConfig) -> Decision:
+        """Read the signals, run the policy, remember the decision. Raises ScalerError."""
+        entry = self._entry(ref, cfg)
+        signals, pods_up = self._signals(cfg, entry)
+        now = self._clock()
+        name = f"{ref.namespace}/{ref.name}"
+        with self._lock:
+            history = entry.history
+            if entry.replicas is not None:
+                current = entry.replicas
             elif signals.ok:
-                current = cfg.spec.min_replicas
+                # A new trigger starts from the pods Prometheus sees up, and waits a full window
+                # before it shrinks below them (as if it had decided that count just now).
+                current = pods_up if pods_up is not None else cfg.spec.min_replicas
+                history = ScaleHistory((HistoryEntry(now, current, current),))
             else:
-                self._metrics.held.labels(signals.detail.split(":", 1)[0] or "empty").inc()
+                self._metrics.held.labels(_hold_reason(signals)).inc()
                 raise NoDecisionYet(
-                    f"{key[0]}/{key[1]}: no data and no earlier decision to hold ({signals.detail}); "
-                    "KEDA fallback applies"
+                    f"{name}: no data and no earlier decision to hold ({signals.detail}); KEDA fallback applies"
                 )
-            decision = desired_replicas(signals, cfg.spec, current, st.history if st else ScaleHistory(), now)
-            if st is None:
-                st = self._state[key] = _State(decision.history, decision.replicas)
-                self._metrics.tracked.set(len(self._state))
-            else:
-                st.history, st.replicas = decision.history, decision.replicas
+            decision = desired_replicas(signals, cfg.spec, current, history, now)
+            entry.history, entry.replicas = decision.history, decision.replicas
         if decision.held:
             self._metrics.decisions.labels("held").inc()
-            self._metrics.held.labels(signals.detail.split(":", 1)[0] or "empty").inc()
-            log.warning("%s/%s: %s", key[0], key[1], decision.reason)
+            self._metrics.held.labels(_hold_reason(signals)).inc()
+            log.warning("%s: %s", name, decision.reason)
         else:
             n = decision.replicas
             direction = "up" if n > current else "down" if n < current else "same"
             self._metrics.decisions.labels(direction).inc()
-            log.info("%s/%s: %d -> %d (%s)", key[0], key[1], current, decision.replicas, decision.reason)
-        return cfg, decision
+            log.info("%s: %d -> %d (%s)", name, current, decision.replicas, decision.reason)
+        return decision
 
-    def activity(self, ref: Any, previous: PodActivity | None) -> tuple[bool | None, PodActivity | None]:
-        """Whether there is demand: ``None`` when unknown. Direct pod poll if configured, else Prometheus."""
-        cfg = self._config(ref)
+    def activity(
+        self, cfg: TriggerConfig, entry: _Entry, previous: PodActivity | None
+    ) -> tuple[bool | None, PodActivity | None]:
+        """Whether there is demand: ``None`` when unknown. Direct pod poll if configured, else the
+        trigger's (shared) Prometheus signals."""
         if cfg.pod_metrics_urls:
             now = poll_pods(cfg.pod_metrics_urls, cfg.query_timeout, self._metrics)
             if now is None:
                 return None, previous
             return now.active_since(previous), now
-        queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
-        signals, _ = self._source.read_signals(cfg.prometheus_address, queries, cfg.query_timeout)
+        signals, _ = self._signals(cfg, entry)
         if not signals.ok or signals.queue_depth is None:
             return None, None
         return signals.queue_depth > 0 or (signals.arrival_rate or 0.0) > 0, None
@@ -169,19 +270,15 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     # --- RPCs -------------------------------------------------------------------------------
     def IsActive(self, request: Any, context: grpc.ServicerContext) -> Any:
         def run() -> Any:
-            cfg = self._config(request)
-            key = self._key(request, cfg)
+            cfg = self._config(request, context)
+            entry = self._entry(request, cfg)
             with self._lock:
-                st = self._state.get(key)
-                prev = st.pods if st else None
-                last = st.active if st else None
-            active, pods = self.activity(request, prev)
+                prev, last = entry.pods, entry.active
+            active, pods = self.activity(cfg, entry, prev)
             with self._lock:
-                st = self._state.get(key)
-                if st is not None:
-                    st.pods = pods
-                    if active is not None:
-                        st.active = active
+                entry.pods = pods
+                if active is not None:
+                    entry.active = active
             if active is None:
                 # Unknown never deactivates: the last known answer, or true.
                 self._metrics.held.labels("source_unavailable").inc()
@@ -191,14 +288,17 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         return self._call("IsActive", context, run)
 
     def StreamIsActive(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        cfg = self._call("StreamIsActive", context, lambda: self._config(request))
+        """For ``type: external-push`` triggers: KEDA keeps this stream open and acts on each message.
+        Polls every ``activationPollInterval``; sends the first answer, then only changes."""
+        cfg = self._call("StreamIsActive", context, lambda: self._config(request, context))
         self._metrics.active_streams.inc()
         try:
             sent: bool | None = None
             prev: PodActivity | None = None
             while context.is_active() and not self._stopping.is_set():
+                entry = self._entry(request, cfg)  # an open stream keeps its trigger's state alive
                 try:
-                    active, prev = self.activity(request, prev)
+                    active, prev = self.activity(cfg, entry, prev)
                 except ScalerError as e:  # metadata validated above; keep the stream alive
                     log.warning("StreamIsActive %s/%s: %s", request.namespace, request.name, e.message)
                     active = None
@@ -214,7 +314,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     def GetMetricSpec(self, request: Any, context: grpc.ServicerContext) -> Any:
         def run() -> Any:
-            cfg = self._config(request)
+            cfg = self._config(request, context)
             spec = pb.MetricSpec(metricName=cfg.metric_name, targetSize=1, targetSizeFloat=1.0)
             return pb.GetMetricSpecResponse(metricSpecs=[spec])
 
@@ -223,13 +323,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def GetMetrics(self, request: Any, context: grpc.ServicerContext) -> Any:
         def run() -> Any:
             ref = request.scaledObjectRef
-            cfg = self._config(ref)
+            cfg = self._config(ref, context)
             asked = _strip_index(request.metricName)
             if asked and asked != cfg.metric_name:
                 raise UnknownMetric(
                     f"unknown metric {request.metricName!r}; this trigger serves {cfg.metric_name!r}"
                 )
-            _, decision = self.decide(ref)
+            decision = self.decide(ref, cfg)
             value = pb.MetricValue(
                 metricName=cfg.metric_name,
                 metricValue=decision.replicas,
@@ -241,13 +341,23 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
 
 def serve(
-    service: ExternalScalerService, host: str = "0.0.0.0", port: int = 9090, workers: int = 64
+    service: ExternalScalerService,
+    host: str = "0.0.0.0",
+    port: int = 9090,
+    workers: int = 64,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start (not block) a gRPC server for ``service``; returns it and the bound port."""
+    """Start (not block) a gRPC server for ``service``, plaintext or (mutual) TLS; returns it and
+    the bound port. Raises OSError when a TLS file cannot be read or the port cannot be bound."""
+    creds = tls.credentials() if tls is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scaler"))
     pb_grpc.add_ExternalScalerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise OSError(f"cannot bind {address}: {e}") from e
     if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
+        raise OSError(f"cannot bind {address}")
     server.start()
     return server, bound

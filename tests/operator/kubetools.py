@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,14 +81,32 @@ class ControlPlane:
     kubeconfig: Path
     workdir: Path
     logs: dict[str, Path]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (a fault): clients see connection refused until it is started."""
+        p = self.procs["kube-apiserver"]
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    def start_apiserver(self, timeout: float = 90) -> None:
+        """Start kube-apiserver again with the same flags, port and etcd; wait until ready."""
+        with open(self.logs["kube-apiserver"], "ab") as fh:
+            self.procs["kube-apiserver"] = subprocess.Popen(
+                self.commands["kube-apiserver"], stdout=fh, stderr=subprocess.STDOUT
+            )
+        _wait_ready(self.server, timeout, {"kube-apiserver": self.procs["kube-apiserver"]})
 
     def client(self, kubeconfig: Path | None = None) -> Any:
         import kubernetes
 
         cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(
-            config_file=str(kubeconfig or self.kubeconfig), client_configuration=cfg
-        )
+        kubernetes.config.load_kube_config(config_file=str(kubeconfig or self.kubeconfig), client_configuration=cfg)
         return kubernetes.client.ApiClient(cfg)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
@@ -199,7 +217,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         procs["kube-controller-manager"] = subprocess.Popen(
             commands["kube-controller-manager"], stdout=fh, stderr=subprocess.STDOUT
         )
-        yield ControlPlane(server=server, kubeconfig=kubeconfig, workdir=d, logs=logs)
+        yield ControlPlane(server=server, kubeconfig=kubeconfig, workdir=d, logs=logs, procs=procs, commands=commands)
     finally:
         for name in reversed(list(procs)):
             p = procs[name]
@@ -237,9 +255,7 @@ class Admin:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    def call(
-        self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None
-    ) -> Any:
+    def call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None) -> Any:
         ctype = "application/json-patch+json" if method == "PATCH" else "application/json"
         return self.kube._call(method, path, body=body, query=query, content_type=ctype)
 
@@ -268,10 +284,11 @@ def establish_crd(admin: Admin, crd: dict[str, Any]) -> None:
     wait_for(established, 30, what=f"CRD {name} established")
 
 
-@contextlib.contextmanager
-def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> Iterator[Path]:
-    """Run ``sluiceway-operator run`` for real in a subprocess, watching ``namespace``; on exit,
-    check its log for crashes and RBAC denials (it runs under a least-privilege ServiceAccount)."""
+def operator_command(namespace: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "sluiceway_operator.cli", "run", "-n", namespace, *extra, "-v"]
+
+
+def operator_env(kubeconfig: Path) -> dict[str, str]:
     env = dict(
         os.environ,
         KUBECONFIG=str(kubeconfig),
@@ -281,7 +298,15 @@ def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> It
     )
     env.pop("KUBERNETES_SERVICE_HOST", None)
     env.pop("SLUICEWAY_PROMETHEUS_URL", None)
-    cmd = [sys.executable, "-m", "sluiceway_operator.cli", "run", "-n", namespace, *extra, "-v"]
+    return env
+
+
+@contextlib.contextmanager
+def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> Iterator[Path]:
+    """Run ``sluiceway-operator run`` for real in a subprocess, watching ``namespace``; on exit,
+    check its log for crashes and RBAC denials (it runs under a least-privilege ServiceAccount)."""
+    env = operator_env(kubeconfig)
+    cmd = operator_command(namespace, *extra)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
         try:
@@ -299,3 +324,85 @@ def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> It
     text = log.read_text(errors="replace")
     assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
     assert "Forbidden" not in text and " 403" not in text, text[-4000:]
+
+
+KEDA_STANDIN_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "scaledobjects.keda.sh"},
+    "spec": {
+        "group": "keda.sh",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "ScaledObject",
+            "plural": "scaledobjects",
+            "singular": "scaledobject",
+            "listKind": "ScaledObjectList",
+        },
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+def _create_once(admin: Admin, path: str, body: Any) -> Any:
+    try:
+        return admin.create(path, body)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+        return None
+
+
+def operator_kubeconfig(control_plane: ControlPlane, admin: Admin, op_ns: str) -> Path:
+    """A ServiceAccount bound to the chart's ClusterRole rules; its token in a kubeconfig."""
+    rules = yaml.safe_load((ROOT / "charts" / "sluiceway" / "files" / "operator-rules.yaml").read_text())
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "sluiceway-operator", "namespace": op_ns},
+    }
+    _create_once(admin, f"/api/v1/namespaces/{op_ns}/serviceaccounts", sa)
+    _create_once(
+        admin,
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "sluiceway-operator"},
+            "rules": rules,
+        },
+    )
+    _create_once(
+        admin,
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "sluiceway-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "sluiceway-operator",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "sluiceway-operator", "namespace": op_ns}],
+        },
+    )
+    token = admin.create(
+        f"/api/v1/namespaces/{op_ns}/serviceaccounts/sluiceway-operator/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200},
+        },
+    )["status"]["token"]
+    path = control_plane.workdir / "operator.kubeconfig"
+    write_kubeconfig(path, control_plane.server, token)
+    return path

@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 import yaml
-from kubetools import ROOT, Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
+from kubetools import (
+    KEDA_STANDIN_CRD,
+    Admin,
+    ControlPlane,
+    establish_crd,
+    operator_kubeconfig,
+    run_operator,
+    wait_for,
+)
 from operator_support import load_crd
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.kube import ApiError, Kube
@@ -27,33 +35,6 @@ NS = "sluiceway-e2e"
 OP_NS = "sluiceway-system"
 GVP = "/apis/sluiceway.io/v1alpha1/namespaces/{ns}/inferenceservices"
 
-KEDA_STANDIN_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "scaledobjects.keda.sh"},
-    "spec": {
-        "group": "keda.sh",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ScaledObject",
-            "plural": "scaledobjects",
-            "singular": "scaledobject",
-            "listKind": "ScaledObjectList",
-        },
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
-
 
 @pytest.fixture(scope="module")
 def admin(control_plane: ControlPlane) -> Admin:
@@ -62,61 +43,16 @@ def admin(control_plane: ControlPlane) -> Admin:
     establish_crd(a, KEDA_STANDIN_CRD)
     for ns in (NS, OP_NS):
         if a.get(f"/api/v1/namespaces/{ns}") is None:
-            a.create(
-                "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            )
+            a.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     return a
-
-
-def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
-    """A ServiceAccount bound to the chart's ClusterRole rules; its token in a kubeconfig."""
-    rules = yaml.safe_load((ROOT / "charts" / "sluiceway" / "files" / "operator-rules.yaml").read_text())
-    sa = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {"name": "sluiceway-operator", "namespace": OP_NS},
-    }
-    admin.create(f"/api/v1/namespaces/{OP_NS}/serviceaccounts", sa)
-    admin.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "sluiceway-operator"},
-            "rules": rules,
-        },
-    )
-    admin.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "sluiceway-operator"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "sluiceway-operator",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "sluiceway-operator", "namespace": OP_NS}],
-        },
-    )
-    token = admin.create(
-        f"/api/v1/namespaces/{OP_NS}/serviceaccounts/sluiceway-operator/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 7200},
-        },
-    )["status"]["token"]
-    path = control_plane.workdir / "operator.kubeconfig"
-    write_kubeconfig(path, control_plane.server, token)
-    return path
 
 
 @pytest.fixture(scope="module")
 def operator_process(control_plane: ControlPlane, admin: Admin) -> Iterator[Path]:
-    kubeconfig = _operator_kubeconfig(control_plane, admin)
-    with run_operator(kubeconfig, control_plane.workdir / "operator.log", NS, "--drift-interval", "2") as log:
+    kubeconfig = operator_kubeconfig(control_plane, admin, OP_NS)
+    with run_operator(
+        kubeconfig, control_plane.workdir / "operator.log", NS, "--drift-interval", "2", "--signals-interval", "2"
+    ) as log:
         yield log
 
 
@@ -225,6 +161,51 @@ def test_crd_accepted_with_defaults(admin: Admin) -> None:
         ),
         ({"timeouts": {"queue": "1.5s"}}, "spec.timeouts.queue"),  # schema pattern: no floats
         ({"autoscaling": {"engine": "hpa"}}, "Unsupported value"),
+        # Scale to zero: nothing holds requests while no pod exists.
+        ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas must be at least 1: scale to zero"),
+        # What the Deployment's own validation (or the pod) would refuse, refused up front.
+        ({"model": {"image": "   ", "format": "demo", "source": "demo"}}, "spec.model.image"),
+        ({"resources": {"memory": "-1Gi"}}, "spec.resources.memory"),
+        ({"resources": {"cpu": -1}}, "a quantity must not be negative"),
+        ({"resources": {"gpuResourceName": "kubernetes.io/gpu"}}, "outside the kubernetes.io domain"),
+        (
+            {
+                "degradation": {"enabled": True},
+                "model": {"image": "i", "format": "demo", "source": "demo", "fallback": {"source": "tiny"}},
+            },
+            "model.fallback.source must be",
+        ),
+        ({"priorities": {"classes": ["a" * 33], "default": "a" * 33}}, "spec.priorities.classes[0]"),
+        ({"placement": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}}, "must have no value"),
+        ({"placement": {"tolerations": [{"key": "k", "tolerationSeconds": 5}]}}, "needs effect NoExecute"),
+        ({"placement": {"tolerations": [{"value": "v"}]}}, "without a key needs operator Exists"),
+        ({"placement": {"nodeSelector": {"gpu": "has space"}}}, "spec.placement.nodeSelector.gpu"),
+        ({"serviceAccountName": "Not_A_Name"}, "spec.serviceAccountName"),
+        ({"placement": {"nodeSelector": {"bad key": "x"}}}, "nodeSelector keys must be label keys"),
+        ({"placement": {"nodeSelector": {"example.com/" + "k" * 64: "x"}}}, "nodeSelector keys must be label keys"),
+        ({"imagePullSecrets": ["a b"]}, "spec.imagePullSecrets[0]"),
+        (
+            {
+                "model": {
+                    "image": "i",
+                    "format": "demo",
+                    "source": "demo",
+                    "persistentVolumeClaim": {"claimName": "w", "mountPath": "/etc/sluiceway"},
+                }
+            },
+            "must not hide a path the pod needs",
+        ),
+        (
+            {
+                "model": {
+                    "image": "i",
+                    "format": "demo",
+                    "source": "demo",
+                    "persistentVolumeClaim": {"claimName": "w", "mountPath": "/a/../tmp"},
+                }
+            },
+            "'.' or '..' segments",
+        ),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -260,9 +241,7 @@ def _pods(admin: Admin, name: str) -> list[dict[str, Any]]:
 
 def _replicasets(admin: Admin, name: str) -> list[dict[str, Any]]:
     sel = f"sluiceway.io/inferenceservice={name}"
-    return admin.call("GET", f"/apis/apps/v1/namespaces/{NS}/replicasets", query=[("labelSelector", sel)])[
-        "items"
-    ]
+    return admin.call("GET", f"/apis/apps/v1/namespaces/{NS}/replicasets", query=[("labelSelector", sel)])["items"]
 
 
 def _hash(admin: Admin, name: str) -> str:
@@ -294,7 +273,9 @@ def test_lifecycle(admin: Admin, operator_process: Path) -> None:
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["uid"], ref["kind"], ref["controller"]) == (uid, "InferenceService", True), kind
         managers = {m["manager"] for m in obj["metadata"]["managedFields"] if m["operation"] == "Apply"}
-        assert managers == {"sluiceway-operator"}, kind
+        # spec.replicas has its own manager (engine none), so switching engines never drops it.
+        want = {"sluiceway-operator", "sluiceway-operator-replicas"} if kind == "Deployment" else {"sluiceway-operator"}
+        assert managers == want, kind
     keys = base64.b64decode(children["Secret"]["data"]["keys.txt"]).decode()
     assert keys == f"{hash_key('alpha-secret-value')} alpha\n"
     assert "alpha-secret-value" not in str(children)
@@ -343,18 +324,13 @@ def test_lifecycle(admin: Admin, operator_process: Path) -> None:
     svc_uid = children["Service"]["metadata"]["uid"]
     admin.call("DELETE", f"/api/v1/namespaces/{NS}/services/lifecycle")
     wait_for(
-        lambda: (
-            (s := admin.get(f"/api/v1/namespaces/{NS}/services/lifecycle"))
-            and s["metadata"]["uid"] != svc_uid
-        ),
+        lambda: (s := admin.get(f"/api/v1/namespaces/{NS}/services/lifecycle")) and s["metadata"]["uid"] != svc_uid,
         30,
         what="Service recreated",
     )
     cm_path = f"/api/v1/namespaces/{NS}/configmaps/lifecycle-config"
     good = admin.get(cm_path)["data"]["config.yaml"]
-    admin.call(
-        "PATCH", cm_path, body=[{"op": "replace", "path": "/data/config.yaml", "value": "tampered: true\n"}]
-    )
+    admin.call("PATCH", cm_path, body=[{"op": "replace", "path": "/data/config.yaml", "value": "tampered: true\n"}])
     wait_for(lambda: admin.get(cm_path)["data"]["config.yaml"] == good, 30, what="ConfigMap repaired")
 
     # Deletion: the garbage collector removes every child and the pods.
@@ -363,9 +339,7 @@ def test_lifecycle(admin: Admin, operator_process: Path) -> None:
     wait_for(lambda: not _pods(admin, "lifecycle"), 60, what="pods garbage-collected")
 
 
-def test_missing_secret_gives_config_invalid_and_leaves_children(
-    admin: Admin, operator_process: Path
-) -> None:
+def test_missing_secret_gives_config_invalid_and_leaves_children(admin: Admin, operator_process: Path) -> None:
     admin.create(_path(), _isvc("keyed", autoscaling={"engine": "none"}))
     wait_for(lambda: _children(admin, "keyed")["Deployment"], 60, what="Deployment")
     wait_for(lambda: admin.get(_path("keyed")).get("status", {}).get("configHash"), 30, what="configHash")
@@ -396,16 +370,12 @@ def test_missing_secret_gives_config_invalid_and_leaves_children(
 
     # The Secret appears -> the timer picks it up -> valid, rolled out with the key hash.
     _secret(admin, "beta-key", "beta-value")
-    wait_for(
-        lambda: _cond(admin.get(_path("keyed")), "ConfigValid")["status"] == "True", 30, what="valid again"
-    )
+    wait_for(lambda: _cond(admin.get(_path("keyed")), "ConfigValid")["status"] == "True", 30, what="valid again")
     wait_for(lambda: _hash(admin, "keyed") != before, 30, what="rollout with key")
     admin.call("DELETE", _path("keyed"))
 
 
-def test_keda_engine_creates_scaled_object_without_owning_replicas(
-    admin: Admin, operator_process: Path
-) -> None:
+def test_keda_engine_creates_scaled_object_without_owning_replicas(admin: Admin, operator_process: Path) -> None:
     admin.create(_path(), _isvc("scaled", autoscaling={"engine": "keda", "minReplicas": 1, "maxReplicas": 3}))
     so = wait_for(lambda: _children(admin, "scaled")["ScaledObject"], 60, what="ScaledObject")
     assert so["spec"]["scaleTargetRef"]["name"] == "scaled"
@@ -435,9 +405,7 @@ def test_keda_engine_creates_scaled_object_without_owning_replicas(
 
 
 def test_builtin_engine_without_prometheus_reports_it(admin: Admin, operator_process: Path) -> None:
-    admin.create(
-        _path(), _isvc("builtin", autoscaling={"engine": "builtin", "minReplicas": 2, "maxReplicas": 4})
-    )
+    admin.create(_path(), _isvc("builtin", autoscaling={"engine": "builtin", "minReplicas": 2, "maxReplicas": 4}))
 
     def reported() -> dict[str, Any] | None:
         c = _cond(admin.get(_path("builtin")), "AutoscalingReady")

@@ -124,7 +124,7 @@ def prometheus(pod: PodProcess, tmp_path_factory: pytest.TempPathFactory) -> Ite
     prom = PrometheusProcess(
         free_port(),
         tmp_path_factory.mktemp("prometheus"),
-        [f"127.0.0.1:{pod.port}"],
+        [f"127.0.0.1:{pod.metrics_port}"],  # /metrics is on the separate metrics port
         labels={"namespace": NS, "inferenceservice": NAME},
     )
     prom.start()
@@ -180,7 +180,9 @@ def _operator_kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
 def operator_process(control_plane: ControlPlane, admin: Admin, prometheus: PrometheusProcess) -> Iterator[Path]:
     kubeconfig = _operator_kubeconfig(control_plane, admin)
     log = control_plane.workdir / "operator-prometheus.log"
-    with run_operator(kubeconfig, log, NS, "--prometheus-url", prometheus.url, "--drift-interval", "1") as running:
+    with run_operator(
+        kubeconfig, log, NS, "--prometheus-url", prometheus.url, "--drift-interval", "1", "--signals-interval", "1"
+    ) as running:
         yield running
 
 

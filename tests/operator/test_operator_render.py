@@ -35,10 +35,43 @@ def _render_case(name: str, env: Environment = ENV, replicas: int | None = 2) ->
     return render(owner, spec, hashes, env, replicas=replicas)
 
 
+def _golden_form(rendered: Any) -> list[dict[str, Any]]:
+    """The manifests with the pod config reduced to what the operator sets.
+
+    The ConfigMap carries the whole pod config, including every default of
+    ``sluiceway_core.config`` that the operator does not set; those (and so the config hash) change
+    whenever the pod's defaults do. The golden files hold only the operator's decisions
+    (``exclude_unset``); the full text and the hash are checked against the pod's own model below.
+    """
+    import copy
+
+    from sluiceway_operator.render import config_hash
+
+    out = copy.deepcopy(rendered.manifests)
+    for m in out:
+        if m["kind"] == "ConfigMap":
+            full = m["data"]["config.yaml"]
+            assert PodConfig.model_validate(yaml.safe_load(full)) == rendered.pod_config
+            m["data"]["config.yaml"] = yaml.safe_dump(
+                rendered.pod_config.model_dump(mode="json", by_alias=True, exclude_unset=True), sort_keys=True
+            )
+        if m["kind"] == "Deployment":
+            ann = m["spec"]["template"]["metadata"]["annotations"]
+            assert ann[CONFIG_HASH_ANNOTATION] == rendered.config_hash
+            ann[CONFIG_HASH_ANNOTATION] = "<config-hash>"
+    secret = next(m for m in rendered.manifests if m["kind"] == "Secret")
+    import base64
+
+    keys = base64.b64decode(secret["data"]["keys.txt"]).decode()
+    cm = next(m for m in rendered.manifests if m["kind"] == "ConfigMap")
+    assert rendered.config_hash == config_hash(cm["data"]["config.yaml"], keys)
+    return out
+
+
 @pytest.mark.parametrize("name", case_names())
 def test_golden(name: str) -> None:
     rendered = _render_case(name)
-    text = yaml.safe_dump_all(rendered.manifests, sort_keys=True)
+    text = yaml.safe_dump_all(_golden_form(rendered), sort_keys=True)
     path = GOLDEN / f"{name}.yaml"
     if os.environ.get("SLUICEWAY_REGEN_GOLDEN"):
         path.write_text(text)
@@ -126,28 +159,44 @@ def test_deployment_is_hardened_and_probed() -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # Probes on the metrics port, outside the inference port's connection limit.
+    assert {c[p]["httpGet"]["port"] for p in ("startupProbe", "livenessProbe", "readinessProbe")} == {"metrics"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
-    assert pod["terminationGracePeriodSeconds"] >= 45  # drain 45s
+    assert pod["automountServiceAccountToken"] is False  # user models get no API credentials
+    # preStop sleep (endpoints go first), then SIGTERM and the 45s drain, then slack.
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert pod["terminationGracePeriodSeconds"] == 5 + 45 + 10
     assert len(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]) == 16
 
 
-@pytest.mark.parametrize(
-    ("name", "owns_replicas"), [("minimal", False), ("promtriggers", False), ("fixed", True)]
-)
-def test_operator_owns_replicas_only_without_autoscaler(name: str, owns_replicas: bool) -> None:
-    dep = _by_kind(_render_case(name).manifests)["Deployment"]
-    assert ("replicas" in dep["spec"]) is owns_replicas
+@pytest.mark.parametrize(("name", "replicas"), [("minimal", None), ("promtriggers", None), ("fixed", 3)])
+def test_operator_owns_replicas_only_without_autoscaler(name: str, replicas: int | None) -> None:
+    rendered = _render_case(name)
+    assert rendered.replicas == replicas
+    # The Deployment's own apply never carries the count (a separate field manager owns it).
+    assert "replicas" not in _by_kind(rendered.manifests)["Deployment"]["spec"]
+
+
+def test_replicas_apply_holds_only_the_count() -> None:
+    from sluiceway_operator.render import build_replicas
+
+    assert build_replicas(Owner("demo", "default", "u"), 3) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "demo", "namespace": "default"},
+        "spec": {"replicas": 3},
+    }
 
 
 def test_builtin_engine_owns_replicas_within_bounds() -> None:
-    assert _by_kind(_render_case("builtin", replicas=2).manifests)["Deployment"]["spec"]["replicas"] == 2
-    assert _by_kind(_render_case("builtin", replicas=9).manifests)["Deployment"]["spec"]["replicas"] == 3
-    assert _by_kind(_render_case("builtin", replicas=None).manifests)["Deployment"]["spec"]["replicas"] == 1
+    assert _render_case("builtin", replicas=2).replicas == 2
+    assert _render_case("builtin", replicas=9).replicas == 3
+    assert _render_case("builtin", replicas=None).replicas == 1
 
 
 def test_config_change_changes_hash_and_nothing_else_does() -> None:
@@ -163,19 +212,66 @@ def test_config_change_changes_hash_and_nothing_else_does() -> None:
     assert rotated.config_hash != base.config_hash
 
 
+def test_metrics_on_their_own_port() -> None:
+    """The pod serves /metrics on 9091 (port name ``metrics``); Service and ServiceMonitor use it."""
+    rendered = _render_case("full")
+    kinds = _by_kind(rendered.manifests)
+    (c,) = kinds["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9091, "protocol": "TCP"} in c["ports"]
+    assert rendered.pod_config.server.metrics_port == 9091
+    assert rendered.pod_config.server.port == 8080
+    ports = {p["name"]: p for p in kinds["Service"]["spec"]["ports"]}
+    assert ports["metrics"]["port"] == 9091 and ports["metrics"]["targetPort"] == "metrics"
+    assert ports["http"]["targetPort"] == "http"
+    (endpoint,) = kinds["ServiceMonitor"]["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+
+
 def test_scaled_object_is_fast_up_slow_down_with_fallback() -> None:
     so = _by_kind(_render_case("full").manifests)["ScaledObject"]["spec"]
     behavior = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 600
+    # The spec's 10m window is held by the scaler alone: HPA 0 + scaler 600 = 600 (not 1200).
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 0
+    assert so["triggers"][0]["metadata"]["scaleDownWindowSeconds"] == "600"
     assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 2, "periodSeconds": 120}]
     assert so["fallback"]["behavior"] == "currentReplicasIfHigher"
     (trigger,) = so["triggers"]
-    assert trigger["type"] == "external"
+    # KEDA opens StreamIsActive (the scaler's push path) only for external-push.
+    assert trigger["type"] == "external-push"
     assert trigger["metadata"]["scalerAddress"] == "sluiceway-scaler.sluiceway-system.svc:9090"
     assert trigger["metadata"]["targetWaitP95Seconds"] == "0.75"
     assert all(isinstance(v, str) for v in trigger["metadata"].values())
     assert (so["minReplicaCount"], so["maxReplicaCount"]) == (2, 10)
+
+
+@pytest.mark.parametrize("name", ["full", "minimal", "promtriggers"])
+def test_scale_down_windows_add_up_to_the_spec(name: str) -> None:
+    rendered = _render_case(name)
+    so = _by_kind(rendered.manifests)["ScaledObject"]["spec"]
+    spec = parse_spec(load_case(name)["spec"])
+    from sluiceway_core.units import parse_duration
+
+    want = parse_duration(spec.autoscaling.scale_down.stabilization_window)
+    hpa = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
+    scaler = sum(int(t["metadata"].get("scaleDownWindowSeconds", 0)) for t in so["triggers"])
+    assert hpa + scaler == want
+
+
+@pytest.mark.parametrize("name", ["full", "minimal", "promtriggers"])
+def test_only_fields_keda_uses_with_min_replicas_at_least_one(name: str) -> None:
+    """KEDA's webhook warns that pollingInterval and cooldownPeriod are irrelevant when
+    minReplicaCount >= 1 (kedacore/keda#7271): they are not rendered then."""
+    so = _by_kind(_render_case(name).manifests)["ScaledObject"]["spec"]
+    assert so["minReplicaCount"] >= 1
+    assert "pollingInterval" not in so and "cooldownPeriod" not in so
+
+
+def test_prometheus_engine_errors_on_missing_data() -> None:
+    """ignoreNullValues false: an empty answer is an error (the HPA holds), never a 0 (scale down)."""
+    so = _by_kind(_render_case("promtriggers").manifests)["ScaledObject"]["spec"]
+    assert [t["metadata"]["ignoreNullValues"] for t in so["triggers"]] == ["false", "false"]
+    assert "fallback" not in so  # KEDA refuses fallback with a Value trigger
 
 
 def test_prometheus_engine_triggers() -> None:

@@ -98,3 +98,115 @@ BASE = {"model": {"image": "i", "format": "synthetic", "source": "synthetic:1"}}
 def test_cross_field_errors_name_the_field(patch: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_spec({**BASE, **patch})
+
+
+# ------------------------------------------------------------------ what the API server would refuse
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"resources": {"memory": "-1Gi"}}, "non-negative quantity"),
+        ({"resources": {"cpu": -2}}, "non-negative quantity"),
+        ({"resources": {"cpu": "1.5.5"}}, "non-negative quantity"),
+        ({"concurrency": {"memoryReserve": "lots"}}, "non-negative quantity"),
+        ({"resources": {"gpuResourceName": "gpu"}}, "extended resource name"),
+        ({"resources": {"gpuResourceName": "kubernetes.io/gpu"}}, "extended resource name"),
+        ({"placement": {"nodeSelector": {"bad key": "x"}}}, "not a valid label key"),
+        ({"placement": {"nodeSelector": {"example.com/" + "k" * 64: "x"}}}, "not a valid label key"),
+        ({"placement": {"nodeSelector": {"gpu": "v" * 64}}}, "not a valid label value"),
+        ({"placement": {"tolerations": [{"operator": "Exists", "key": "k", "value": "v"}]}}, "no value"),
+        ({"placement": {"tolerations": [{"value": "v"}]}}, "without a key needs operator Exists"),
+        ({"placement": {"tolerations": [{"key": "k", "tolerationSeconds": 5}]}}, "NoExecute"),
+        ({"placement": {"tolerations": [{"key": "bad key", "operator": "Exists"}]}}, "label key"),
+        ({"placement": {"priorityClassName": "High_Priority"}}, "not a valid object name"),
+        ({"placement": {"runtimeClassName": "Nvidia"}}, "not a valid object name"),
+        ({"serviceAccountName": "my sa"}, "not a valid object name"),
+        ({"imagePullSecrets": ["reg cred"]}, "not a valid object name"),
+        ({"tenants": [{"name": "t", "keySecretRef": {"name": "Bad/Name"}}]}, "not a valid object name"),
+        ({"model": {**BASE["model"], "persistentVolumeClaim": {"claimName": "w_x"}}}, "object name"),
+        ({"model": {**BASE["model"], "persistentVolumeClaim": {"claimName": "w", "mountPath": "/tmp"}}}, "hide"),
+        ({"model": {**BASE["model"], "persistentVolumeClaim": {"claimName": "w", "mountPath": "/etc"}}}, "hide"),
+        ({"model": {**BASE["model"], "persistentVolumeClaim": {"claimName": "w", "mountPath": "/"}}}, "absolute"),
+        (
+            {"model": {**BASE["model"], "persistentVolumeClaim": {"claimName": "w", "mountPath": "/a/../tmp"}}},
+            "'..'",
+        ),
+        ({"model": {"image": "   ", "format": "synthetic", "source": "synthetic:1"}}, "model.image"),
+        ({"model": {"image": "reg/img:1 ", "format": "synthetic", "source": "synthetic:1"}}, "model.image"),
+        ({"model": {**BASE["model"], "fallback": {"source": "small-model"}}}, "not a model the pod can load"),
+        ({"model": {"image": "i", "format": "torchscript", "source": "model.pt"}}, "does not match format"),
+        ({"autoscaling": {"minReplicas": 0}}, "minReplicas must be at least 1"),
+        ({"priorities": {"classes": ["a" * 33], "default": "a" * 33}}, "priorities.classes"),
+    ],
+)
+def test_spec_refuses_what_the_api_server_or_the_pod_would(patch: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec({**BASE, **patch})
+
+
+def _crd_accepts_string(schema: dict[str, Any], value: str) -> bool:
+    import re
+
+    if len(value) > schema.get("maxLength", 10**9) or len(value) < schema.get("minLength", 0):
+        return False
+    return re.search(schema["pattern"], value) is not None if "pattern" in schema else True
+
+
+@pytest.mark.parametrize("length", [1, 2, 31, 32, 33, 63, 64])
+def test_priority_class_name_limits_agree_with_the_pod(length: int) -> None:
+    """The CRD accepts exactly the priority class names the pod's config accepts."""
+    from sluiceway_core.config import ConfigError, build_config
+
+    item = crd_schema()["properties"]["spec"]["properties"]["priorities"]["properties"]["classes"]["items"]
+    name = "a" * length
+    try:
+        build_config({"priorities": {"classes": [name], "default": name}})
+        pod_ok = True
+    except ConfigError:
+        pod_ok = False
+    assert _crd_accepts_string(item, name) is pod_ok
+
+
+@pytest.mark.parametrize("length", [1, 62, 63, 64])
+def test_tenant_and_model_name_limits_agree_with_the_pod(length: int) -> None:
+    from sluiceway_core.config import ConfigError, build_config
+
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    tenant = spec["tenants"]["items"]["properties"]["name"]
+    model = spec["model"]["properties"]["name"]
+    for schema, layer in (
+        (tenant, {"tenants": {"tenants": [{"name": "t" * length}]}}),
+        (model, {"model": {"name": "m" * length}}),
+    ):
+        value = "t" * length if schema is tenant else "m" * length
+        try:
+            build_config(layer)
+            pod_ok = True
+        except ConfigError:
+            pod_ok = False
+        assert _crd_accepts_string(schema, value) is pod_ok, (schema, length)
+
+
+def test_numeric_limits_agree_with_the_pod() -> None:
+    """Every CRD integer that reaches the pod config has the pod's own bounds."""
+    import annotated_types
+    from sluiceway_core import config as pc
+
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    pairs = [
+        (spec["model"]["properties"]["warmupIterations"], pc.ModelConfig, "warmup_iterations"),
+        (spec["model"]["properties"]["fallback"]["properties"]["permits"], pc.FallbackModelConfig, "permits"),
+        (spec["concurrency"]["properties"]["cpuDefault"], pc.ConcurrencyConfig, "cpu_default"),
+        (spec["concurrency"]["properties"]["maxPermits"], pc.ConcurrencyConfig, "max_permits"),
+        (spec["batching"]["properties"]["maxAutoBatchSize"], pc.BatchingConfig, "max_auto_batch_size"),
+        (spec["degradation"]["properties"]["cache"]["properties"]["maxEntries"], pc.CacheConfig, "max_entries"),
+        (spec["access"]["properties"]["defaults"]["properties"]["weight"], pc.TenantLimits, "weight"),
+    ]
+    for schema, model, field in pairs:
+        meta = model.model_fields[field].metadata
+        ge = next((m.ge for m in meta if isinstance(m, annotated_types.Ge)), None)
+        le = next((m.le for m in meta if isinstance(m, annotated_types.Le)), None)
+        assert schema.get("minimum") == ge, (model.__name__, field)
+        if le is not None:
+            assert schema.get("maximum", 10**18) <= le, (model.__name__, field)

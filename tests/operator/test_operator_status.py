@@ -92,3 +92,29 @@ def test_builtin_signal_loss_is_reported() -> None:
         _obs(engine="builtin", prometheus_configured=True, prometheus_error="timeout"), None, "T"
     )
     assert _conds(st)["AutoscalingReady"] == ("False", "SignalsUnavailable")
+
+
+def test_memory_bound_and_chosen_permits_are_published_separately() -> None:
+    st = compute_status(_obs(deployment=AVAILABLE_DEP, live_permits=3.0, memory_bound_permits=5.0), None, "T0")
+    assert (st["concurrency"], st["concurrencyMemoryBound"]) == ("3", "5")
+    assert "concurrencyMemoryBound" not in compute_status(_obs(deployment=AVAILABLE_DEP), None, "T0")
+
+
+def test_builtin_engine_waits_for_its_first_signals_read() -> None:
+    st = compute_status(
+        _obs(engine="builtin", deployment=AVAILABLE_DEP, prometheus_configured=True, signals_read=False), None, "T0"
+    )
+    assert _conds(st)["AutoscalingReady"] == ("Unknown", "SignalsPending")
+    assert _conds(st)["Ready"] == ("True", "Ready")  # an unknown autoscaler does not block Ready
+
+
+def test_the_crd_status_schema_has_every_field_the_operator_writes() -> None:
+    from operator_support import load_crd
+
+    props = load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    st = compute_status(
+        _obs(deployment=AVAILABLE_DEP, live_permits=3.0, memory_bound_permits=5.0, queue_depth=1.0, wait_p95=0.2),
+        None,
+        "T0",
+    )
+    assert set(st) <= set(props), set(st) - set(props)

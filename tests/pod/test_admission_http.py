@@ -211,6 +211,8 @@ def test_cuda_oom_shrinks_permits_retries_once_and_never_crashes(pod_factory: An
 def test_model_exception_is_500_and_the_server_lives_on(pod_factory: Any) -> None:
     pod = pod_factory("--model", "podmodels:boom_model", "--model-name", "boom", "--concurrency", "1")
     r = httpx.post(pod.infer_url, json=infer_body(value=-1.0), timeout=30)
-    assert r.status_code == 500 and "negative input" in r.json()["error"]
+    assert r.status_code == 500 and r.json()["reason"] == "model_error"
+    assert "negative input" not in r.text and r.json()["errorId"] in r.json()["error"]  # logged, not returned
+    assert "negative input" in pod.logs()
     assert httpx.post(pod.infer_url, json=infer_body(value=1.0), timeout=30).status_code == 200
     assert pod.metric("sluiceway_concurrency_in_use") == 0

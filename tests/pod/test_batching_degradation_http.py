@@ -58,7 +58,9 @@ def test_a_failing_batch_fails_every_member_and_nothing_hangs(pod_factory: Any) 
     bodies = [infer_body(value=v) for v in (1.0, 2.0, -1.0, 3.0)]
     responses = asyncio.run(post_all(pod, bodies))
     assert [r.status_code for r in responses] == [500] * 4
-    assert all("negative input" in r.json()["error"] for r in responses)
+    ids = {r.json()["errorId"] for r in responses}  # one failure, one id, no exception text
+    assert len(ids) == 1 and all("negative input" not in r.text for r in responses)
+    assert "negative input" in pod.logs() and ids.pop() in pod.logs()
     assert pod.metric("sluiceway_batch_size_count") == 1
     assert httpx.post(pod.infer_url, json=infer_body(value=1.0), timeout=30).status_code == 200
 

@@ -176,7 +176,7 @@ def test_metrics_present_and_moving(demo: PodProcess) -> None:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing: apt-get install prometheus")
 def test_metric_names_pass_promtool(demo: PodProcess) -> None:
-    text = httpx.get(f"{demo.url}/metrics").text
+    text = httpx.get(demo.metrics_url).text
     res = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True)
     problems = res.stdout.decode() + res.stderr.decode()
     assert res.returncode == 0, problems

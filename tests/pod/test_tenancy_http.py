@@ -12,7 +12,13 @@ import httpx
 import pytest
 from podtools import PodProcess, infer_body
 
-KEYS = {"alice": "sk-alice-0123456789", "bob": "sk-bob-abcdef", "carol": "sk-carol-zz", "dave": "sk-dave-unlisted"}
+KEYS = {
+    "alice": "sk-alice-0123456789",
+    "bob": "sk-bob-abcdef",
+    "carol": "sk-carol-zz",
+    "dave": "sk-dave-unlisted",
+    "erin": "sk-erin-listed-no-limits",
+}
 
 
 def keys_file(tmp_path: Path) -> str:
@@ -42,6 +48,7 @@ def tenant_pod(pod_factory: Any, tmp_path: Path) -> PodProcess:
                 {"name": "alice", "rate": 1, "burst": 2},
                 {"name": "bob", "maxPriority": "standard"},
                 {"name": "carol", "maxQueued": 1, "maxConcurrent": 1},
+                {"name": "erin"},
             ],
         },
     }
@@ -109,7 +116,7 @@ def test_higher_priority_overtakes_queued_lower_priority(tenant_pod: PodProcess)
 
     async def one(c: httpx.AsyncClient, name: str, prio: str) -> None:
         r = await c.post(
-            tenant_pod.infer_url, json=infer_body(), headers={**auth("dave"), "X-Sluiceway-Priority": prio}
+            tenant_pod.infer_url, json=infer_body(), headers={**auth("erin"), "X-Sluiceway-Priority": prio}
         )
         assert r.status_code == 200
         finished.append(name)
@@ -125,6 +132,19 @@ def test_higher_priority_overtakes_queued_lower_priority(tenant_pod: PodProcess)
     # one batch request was already running; the critical one goes next, ahead of the queued ones
     assert finished.index("critical") <= 1, finished
     assert tenant_pod.metric("sluiceway_queue_wait_seconds_count", priority="critical") == 1
+
+
+def test_unlisted_tenants_are_capped_at_the_default_class(tenant_pod: PodProcess) -> None:
+    r = post(tenant_pod, {**auth("dave"), "X-Sluiceway-Priority": "critical"})
+    assert r.status_code == 403 and r.json()["reason"] == "priority_forbidden"
+    assert post(tenant_pod, {**auth("dave"), "X-Sluiceway-Priority": "standard"}).status_code == 200
+
+
+def test_anonymous_access_is_off_by_default_when_tenants_have_keys(pod_factory: Any, tmp_path: Path) -> None:
+    pod = pod_factory("--model", "synthetic:1", config={"tenants": {"keysFile": keys_file(tmp_path)}})
+    r = post(pod, {})
+    assert r.status_code == 401 and "Authorization" in r.json()["error"]
+    assert post(pod, auth("erin")).status_code == 200
 
 
 def test_anonymous_default_tenant_when_allowed(pod_factory: Any) -> None:
@@ -165,7 +185,9 @@ def test_invalid_config_exits_nonzero_naming_the_field(tmp_path: Path) -> None:
 
 
 def test_full_queue_critical_displaces_queued_batch_work(pod_factory: Any) -> None:
-    pod = pod_factory("--model", "synthetic:300", "--concurrency", "1", "--max-queue", "2")
+    # anonymous callers are capped at the default class unless the defaults allow more
+    config = {"tenants": {"defaults": {"maxPriority": "critical"}}}
+    pod = pod_factory("--model", "synthetic:300", "--concurrency", "1", "--max-queue", "2", config=config)
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as c:

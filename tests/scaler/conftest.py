@@ -9,14 +9,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from podtools import start_pod
-from prometheus_client import CollectorRegistry
-from scaler_support import PROMETHEUS, Pod, Prometheus, Scaler, free_port
-from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
-from sluiceway_scaler.metrics import ScalerMetrics
-from sluiceway_scaler.service import ExternalScalerService, serve
+from scaler_support import PROMETHEUS, Pod, Prometheus, Scaler, free_port, start_scaler
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +20,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     p = start_pod(tmp_path_factory.mktemp("pod"), "--model", "synthetic:50", "--concurrency", "1",
                   "--max-queue", "500", "--queue-timeout", "60")
     try:
-        yield Pod(p.port, p.proc)
+        yield Pod(p.port, p.proc, p.metrics_port)
     finally:
         p.terminate(10)
 
@@ -34,7 +29,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
 def prometheus(pod: Pod, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     if not Path(PROMETHEUS).exists() or shutil.which(PROMETHEUS) is None:
         pytest.skip(f"prometheus binary not found at {PROMETHEUS}: apt-get install -y prometheus")
-    prom = Prometheus(free_port(), tmp_path_factory.mktemp("prometheus"), [f"127.0.0.1:{pod.port}"])
+    prom = Prometheus(free_port(), tmp_path_factory.mktemp("prometheus"), [f"127.0.0.1:{pod.metrics_port}"])
     prom.start()
     prom.wait_scraped()
     try:
@@ -44,16 +39,19 @@ def prometheus(pod: Pod, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 
 
 @pytest.fixture
-def scaler() -> Iterator[Scaler]:
+def allowed_prometheus() -> tuple[str, ...]:
+    """The scaler's ``--allowed-prometheus`` list; test modules override this fixture."""
+    return ()
+
+
+@pytest.fixture
+def allowed_pod_metrics() -> tuple[str, ...]:
+    """The scaler's ``--allowed-pod-metrics`` list; test modules override this fixture."""
+    return ()
+
+
+@pytest.fixture
+def scaler(allowed_prometheus: tuple[str, ...], allowed_pod_metrics: tuple[str, ...]) -> Iterator[Scaler]:
     """The scaler's real gRPC server on loopback, called through a real channel."""
-    registry = CollectorRegistry()
-    metrics = ScalerMetrics(registry)
-    service = ExternalScalerService(metrics)
-    server, port = serve(service, "127.0.0.1", 0, workers=16)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Scaler(service, metrics, pb_grpc.ExternalScalerStub(channel), port)
-    finally:
-        service.stop()
-        channel.close()
-        server.stop(2).wait()
+    with start_scaler(allowed_prometheus, allowed_pod_metrics) as s:
+        yield s

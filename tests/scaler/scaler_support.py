@@ -7,20 +7,25 @@ Everything binds 127.0.0.1 on free ports; load is bounded in clients and seconds
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from prometheus_client import CollectorRegistry
 from promtools import PROMETHEUS as PROMETHEUS  # re-exported for conftest.py
 from promtools import PrometheusProcess
 from promtools import wait_http as wait_http
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
+from sluiceway_scaler.access import AllowList
 from sluiceway_scaler.metrics import ScalerMetrics
-from sluiceway_scaler.service import ExternalScalerService
+from sluiceway_scaler.service import ExternalScalerService, TlsFiles, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "operator" / "sluiceway_scaler" / "rules.yaml"
@@ -38,6 +43,7 @@ def free_port() -> int:
 class Pod:
     port: int
     proc: subprocess.Popen[bytes]
+    metrics_port: int
 
     @property
     def base(self) -> str:
@@ -45,7 +51,8 @@ class Pod:
 
     @property
     def metrics_url(self) -> str:
-        return f"{self.base}/metrics"
+        """``/metrics`` lives on the pod's separate metrics port (``server.metricsPort``)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def infer_url(self) -> str:
@@ -71,6 +78,54 @@ class Scaler:
 
 def ref(**metadata: str) -> pb.ScaledObjectRef:
     return pb.ScaledObjectRef(name="demo-so", namespace=NAMESPACE, scalerMetadata=metadata)
+
+
+class FakeClock:
+    """An injected monotonic clock that only moves when a test says so."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextlib.contextmanager
+def start_scaler(
+    prometheus: tuple[str, ...] = (),
+    pod_metrics: tuple[str, ...] = (),
+    clock: Callable[[], float] = time.monotonic,
+    tls: TlsFiles | None = None,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> Iterator[Scaler]:
+    """The scaler's real gRPC server on loopback (plain or TLS), called through a real channel."""
+    metrics = ScalerMetrics(CollectorRegistry())
+    allowed = AllowList.build(prometheus=prometheus, pod_metrics=pod_metrics)
+    service = ExternalScalerService(metrics, clock=clock, allowed=allowed)
+    server, port = serve(service, "127.0.0.1", 0, workers=16, tls=tls)
+    if credentials is None:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    else:
+        channel = grpc.secure_channel(f"localhost:{port}", credentials)
+    try:
+        yield Scaler(service, metrics, pb_grpc.ExternalScalerStub(channel), port)
+    finally:
+        service.stop()
+        channel.close()
+        server.stop(2).wait()
+
+
+def no_connection_seen(sock: socket.socket) -> bool:
+    """True when nobody connected to the listening, non-blocking ``sock``."""
+    try:
+        conn, _ = sock.accept()
+    except BlockingIOError:
+        return True
+    conn.close()
+    return False
 
 
 class Load:

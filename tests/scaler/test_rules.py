@@ -45,3 +45,25 @@ def test_rules_unit_tests_can_fail(tmp_path: Path) -> None:
     r = _promtool("test", "rules", str(test_file))
     assert r.returncode != 0
     assert "SluicewayRejectionsHigh" in r.stdout + r.stderr
+
+
+def test_capacity_reasons_are_pod_reasons_and_cover_queue_losses() -> None:
+    # The rules comment says which rejections count as capacity; keep the regex honest against the
+    # pod's own taxonomy (a renamed reason would silently stop counting).
+    import re
+
+    import yaml
+    from sluiceway_pod import errors
+
+    rules = yaml.safe_load(RULES.read_text())
+    record = "sluiceway:rejected_capacity:rate5m"
+    expr = next(r["expr"] for g in rules["groups"] for r in g["rules"] if r.get("record") == record)
+    m = re.search(r'reason=~"([^"]+)"', expr)
+    assert m is not None
+    counted = set(m.group(1).split("|"))
+    pod_reasons = {
+        c.reason for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SluicewayError)
+    }
+    assert counted <= pod_reasons, counted - pod_reasons
+    assert {"queue_full", "displaced", "queue_timeout", "deadline", "deadline_expired", "overloaded"} <= counted
+    assert not counted & {"invalid_input", "unauthenticated", "rate_limited", "tenant_queue_full", "draining"}

@@ -18,6 +18,11 @@ UNREACHABLE = f"http://127.0.0.1:{free_port()}"  # nothing listens there
 GOOD = {"inferenceService": "demo", "prometheusAddress": UNREACHABLE, "targetQueueDepthPerReplica": "4"}
 
 
+@pytest.fixture
+def allowed_prometheus() -> tuple[str, ...]:
+    return (UNREACHABLE,)
+
+
 @pytest.mark.parametrize(
     ("metadata", "field"),
     [
@@ -81,6 +86,19 @@ def test_is_active_unknown_never_deactivates(scaler: Scaler) -> None:
     assert scaler.stub.IsActive(ref(**GOOD), timeout=20).result is True
 
 
+def test_stream_metric_spec_is_unimplemented_on_purpose(scaler: Scaler) -> None:
+    # KEDA v2.21's proto has StreamMetricSpec; KEDA skips it when the scaler answers UNIMPLEMENTED.
+    with grpc.insecure_channel(f"127.0.0.1:{scaler.port}") as ch:
+        call = ch.unary_stream(
+            "/externalscaler.ExternalScaler/StreamMetricSpec",
+            request_serializer=pb.ScaledObjectRef.SerializeToString,
+            response_deserializer=pb.GetMetricSpecResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as e:
+            next(iter(call(ref(**GOOD), timeout=10)))
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_cli_serves_grpc_and_metrics(tmp_path: Path) -> None:
     metrics_port = free_port()
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'inference-pod'}{os.pathsep}{ROOT / 'operator'}")
@@ -96,6 +114,8 @@ def test_cli_serves_grpc_and_metrics(tmp_path: Path) -> None:
             "0",
             "--metrics-port",
             str(metrics_port),
+            "--allowed-prometheus",
+            UNREACHABLE,
         ],
         env=env,
         stdout=subprocess.PIPE,

@@ -13,6 +13,8 @@ from sluiceway_pod.clock import ManualClock
 from sluiceway_pod.errors import SluicewayError
 from sluiceway_pod.tenancy import Tenant
 
+_HAS_ROWS = "rows_of" in AdmissionCore.__init__.__code__.co_varnames
+
 
 def tenant(
     name: str,
@@ -31,6 +33,8 @@ class Arrival:
     rank: int
     key: Any = None
     budget: float | None = None
+    rows: int = 1
+    cost: float | None = None  # device seconds this request takes (the sim's cost_service sums them)
 
 
 @dataclass
@@ -53,9 +57,12 @@ class Sim:
     dispatch_order: list[Record] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     batches: list[list[Record]] = field(default_factory=list)
+    device: dict[str, float] = field(default_factory=dict)  # device seconds consumed per tenant
 
     def __post_init__(self) -> None:
-        self.core: AdmissionCore[Record] = AdmissionCore(self.settings, self.clock)
+        self.core: AdmissionCore[Record] = AdmissionCore(
+            self.settings, self.clock, **({"rows_of": lambda rec: rec.arrival.rows} if _HAS_ROWS else {})
+        )
 
     def _check(self) -> None:
         c = self.core
@@ -102,7 +109,12 @@ class Sim:
                 for tk in batch.tickets:
                     tk.payload.dispatched_at = now
                     self.dispatch_order.append(tk.payload)
-                heapq.heappush(events, (now + self.service(batch), next(seq), "complete", batch))
+                took = self.service(batch)
+                total_rows = sum(tk.payload.arrival.rows for tk in batch.tickets)
+                for tk in batch.tickets:
+                    name = tk.payload.arrival.tenant.name
+                    self.device[name] = self.device.get(name, 0.0) + took * tk.payload.arrival.rows / total_rows
+                heapq.heappush(events, (now + took, next(seq), "complete", batch))
                 self._check()
 
     def _arrive(self, a: Arrival) -> None:
@@ -123,6 +135,11 @@ class Sim:
         for tk in batch.tickets:
             tk.resolve(result="ok")
         self.core.finish(batch, self.clock.now() - batch.started)
+
+
+def cost_service(batch: Batch[Record]) -> float:
+    """Service time of a batch: the sum of its members' declared costs."""
+    return sum(tk.payload.arrival.cost or 0.0 for tk in batch.tickets)
 
 
 def settings(**kw: Any) -> AdmissionSettings:

@@ -1,25 +1,54 @@
+{{/* The controller image: repository@digest when a digest is set, else repository:tag. */}}
 {{- define "sluiceway.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end }}
 
+{{/* Labels on every object; pass (dict "root" $ "component" "operator"). */}}
 {{- define "sluiceway.labels" -}}
+app.kubernetes.io/name: {{ include "sluiceway.name" .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/part-of: sluiceway
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{- define "sluiceway.securityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: [ALL]
+{{/* The app.kubernetes.io/name of a component's objects. */}}
+{{- define "sluiceway.name" -}}
+sluiceway-{{ . }}
 {{- end }}
 
-{{- define "sluiceway.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{/* Selector labels of a component's pods (the object names are fixed: one release per cluster). */}}
+{{- define "sluiceway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluiceway.name" . }}
+{{- end }}
+
+{{/* Namespaces the inference pods live in: the explicit list, else operator.namespaces. */}}
+{{- define "sluiceway.inferenceNamespaces" -}}
+{{- $ns := .explicit | default .root.Values.operator.namespaces -}}
+{{- toJson $ns -}}
+{{- end }}
+
+{{/* Scheduling keys shared by both Deployments: pass the component's values. */}}
+{{- define "sluiceway.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- end }}

@@ -1,0 +1,252 @@
+"""Benchmark (a): the data plane's own cost. No-op model, closed loop, ours vs plain FastAPI vs LitServe.
+
+Every server is a fresh process pinned to core 0; ``wrk`` (Debian's 4.1.0, one thread) is pinned
+to core 1. Per server it measures, in one run:
+
+* ``rps`` at ``-c 32`` and ``p50``/``p99`` from wrk's latency distribution, and ``c=1 p50``;
+* ``cpu us/req``: the server's CPU time (all threads and processes, ``/proc/*/schedstat``) during
+  the ``-c 32`` run divided by the requests wrk completed, the cost that caps a core's rps.
+
+For the pod it also measures, on the same pod type:
+
+* ``json 100k`` / ``binary 100k``: a 100,000-element FP32 tensor echoed back (``synthetic:0``),
+  once as OIP JSON, once with the binary tensor extension (request and response);
+* ``429``: every request refused by the tenant rate limit (``tenants.defaults.rate`` tiny), small
+  body and 100k JSON body: CPU per refusal vs per accepted request.
+
+It prints the table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU),
+writes JSON and a PNG under ``bench/results/``.
+
+    python -m bench.overhead                  # 8 s per point
+    python -m bench.overhead --duration 4 --servers sluiceway,fastapi
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from .common import machine_info, save_results, table
+from .servers import (
+    CLIENT_CORE,
+    RESULTS,
+    ServerProc,
+    litserve_available,
+    load_average,
+    pinning_possible,
+    start_fastapi,
+    start_litserve,
+    start_pod,
+)
+
+LUA = """
+wrk.method = "POST"
+local f = io.open(os.getenv("WRK_BODY"), "rb")
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = os.getenv("WRK_CTYPE") or "application/json"
+local hl = os.getenv("WRK_HDR_LEN")
+if hl and hl ~= "" then wrk.headers["Inference-Header-Content-Length"] = hl end
+"""
+
+
+def small_body() -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+
+
+def big_json(n: int) -> bytes:
+    x = np.random.default_rng(1).random(n, dtype=np.float32)
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, n], "datatype": "FP32",
+                                   "data": x.tolist()}]}).encode()
+
+
+def big_binary(n: int) -> tuple[bytes, int]:
+    raw = np.random.default_rng(1).random(n, dtype=np.float32).astype("<f4").tobytes()
+    head = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, n], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(raw)}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    return head + raw, len(head)
+
+
+def _ms(raw: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", raw)
+    if not m:
+        return float("nan")
+    v, unit = float(m.group(1)), m.group(2)
+    return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+
+
+def wrk(url: str, body: bytes, conns: int, seconds: float, tmp: Path, *, ctype: str = "application/json",
+        hdr_len: int | None = None) -> dict[str, Any]:
+    body_file = tmp / f"body-{len(body)}-{hdr_len}.bin"
+    body_file.write_bytes(body)
+    lua = tmp / "post.lua"
+    lua.write_text(LUA)
+    env = {**os.environ, "WRK_BODY": str(body_file), "WRK_CTYPE": ctype, "WRK_HDR_LEN": str(hdr_len or "")}
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency", "-s", str(lua), url]
+    if pinning_possible():
+        argv = ["taskset", "-c", str(CLIENT_CORE), *argv]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=seconds + 60).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    lat = {q: _ms(v) for q, v in re.findall(r"^\s+(50|90|99)%\s+(\S+)", out, re.M)}
+    return {"rps": float(rps.group(1)) if rps else 0.0, "requests": int(total.group(1)) if total else 0,
+            "non_2xx": int(non2xx.group(1)) if non2xx else 0, "p50_ms": lat.get("50"), "p99_ms": lat.get("99"),
+            "raw": out}
+
+
+def measure(srv: ServerProc, body: bytes, conns: int, seconds: float, tmp: Path, **kw: Any) -> dict[str, Any]:
+    wrk(srv.infer_url, body, conns, min(1.0, seconds), tmp, **kw)  # warm-up
+    c0 = srv.cpu_stats()
+    r = wrk(srv.infer_url, body, conns, seconds, tmp, **kw)
+    c1 = srv.cpu_stats()
+    cpu = c1["cpu_s"] - c0["cpu_s"]
+    r["cpu_s"] = cpu
+    r["cpu_us_per_req"] = cpu / r["requests"] * 1e6 if r["requests"] else None
+    r["runq_share"] = (c1["runq_wait_s"] - c0["runq_wait_s"]) / seconds
+    return r
+
+
+def pod_config(tmp: Path, name: str, extra: dict[str, Any]) -> Path:
+    cfg = {"model": {"spec": "synthetic:0", "warmupIterations": 1},
+           "concurrency": {"permits": 2}, "queue": {"maxDepth": 256}, **extra}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts = doc["noop"]
+    names = list(pts)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    axes[0].bar(names, [pts[n]["rps"] for n in names], color="tab:blue")
+    axes[0].set_title("no-op rps, c=32 (higher is better)")
+    axes[1].bar(names, [pts[n]["cpu_us_per_req"] or 0 for n in names], color="tab:orange")
+    axes[1].set_title("server CPU µs per request")
+    axes[2].bar(names, [pts[n]["c1_p50_ms"] or 0 for n in names], color="tab:green")
+    axes[2].set_title("c=1 p50 latency (ms)")
+    for ax in axes:
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"overhead {doc['meta']['started']} (load avg {doc['meta']['load_average_start']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--servers", default=None, help="sluiceway,fastapi[,litserve]")
+    p.add_argument("--elements", type=int, default=100_000, help="tensor size of the codec comparison")
+    p.add_argument("--skip-pod-extras", action="store_true", help="no codec / 429 points")
+    ns = p.parse_args(argv)
+    if shutil.which("wrk") is None:
+        p.error("wrk is not installed (apt-get install wrk)")
+    servers = ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi"] + (
+        ["litserve"] if litserve_available() else [])
+    meta = machine_info()
+    log_dir = RESULTS / "logs"
+    doc: dict[str, Any] = {"benchmark": "overhead", "meta": meta, "args": vars(ns), "noop": {}, "pod": {}}
+    d, c = ns.duration, ns.connections
+    print(f"# overhead benchmark {meta['started']}; load average {meta['load_average_start']}; "
+          f"server core 0, wrk core {CLIENT_CORE}; {d:g} s per point, c={c}", flush=True)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for name in servers:
+            if name == "sluiceway":
+                srv = start_pod(log_dir, config_file=pod_config(tmp, "noop", {}))
+            elif name == "fastapi":
+                srv = start_fastapi(log_dir, service_ms=0.0)
+            else:
+                srv = start_litserve(log_dir, service_ms=0.0, timeout_s=30.0)
+            try:
+                r = measure(srv, small_body(), c, d, tmp)
+                r1 = wrk(srv.infer_url, small_body(), 1, min(d, 4.0), tmp)
+            finally:
+                srv.stop()
+            r["c1_p50_ms"], r["c1_rps"] = r1["p50_ms"], r1["rps"]
+            doc["noop"][name] = {k: v for k, v in r.items() if k != "raw"}
+            print(f"  {name}: {r['rps']:.0f} rps, cpu {r['cpu_us_per_req'] or 0:.0f} us/req, "
+                  f"c=1 p50 {r1['p50_ms']} ms, non-2xx {r['non_2xx']}", flush=True)
+        if "sluiceway" in servers and not ns.skip_pod_extras:
+            n = ns.elements
+            srv = start_pod(log_dir, config_file=pod_config(tmp, "codec", {}))
+            try:
+                bj = big_json(n)
+                doc["pod"]["json_big"] = measure(srv, bj, 4, d, tmp)
+                bb, hl = big_binary(n)
+                doc["pod"]["binary_big"] = measure(srv, bb, 4, d, tmp, ctype="application/octet-stream",
+                                                   hdr_len=hl)
+            finally:
+                srv.stop()
+            srv = start_pod(log_dir, config_file=pod_config(tmp, "refuse", {
+                "tenants": {"defaults": {"rate": 0.001, "burst": 1}}}))
+            try:
+                doc["pod"]["refuse_small"] = measure(srv, small_body(), c, d, tmp)
+                doc["pod"]["refuse_big"] = measure(srv, big_json(n), 4, d, tmp)
+            finally:
+                srv.stop()
+            for v in doc["pod"].values():
+                v.pop("raw", None)
+    meta["load_average_end"] = load_average()
+    rows = [[n, f"{v['rps']:.0f}", f"{v['p50_ms']}", f"{v['p99_ms']}", f"{v['c1_p50_ms']}",
+             f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['runq_share']:.0%}", str(v["non_2xx"])]
+            for n, v in doc["noop"].items()]
+    print("\n## no-op, closed loop (wrk -t1), server pinned to core 0")
+    print(table(["server", f"rps c={c}", "p50 ms", "p99 ms", "c=1 p50 ms", "cpu us/req", "srv runq", "non-2xx"],
+                rows))
+    ratios: dict[str, float | None] = {}
+    noop = doc["noop"]
+    if "sluiceway" in noop:
+        for peer in [s for s in noop if s != "sluiceway"]:
+            ratios[f"rps ours/{peer}"] = noop["sluiceway"]["rps"] / noop[peer]["rps"] if noop[peer]["rps"] else None
+            ratios[f"cpu/req ours/{peer}"] = (noop["sluiceway"]["cpu_us_per_req"] or 0) / (
+                noop[peer]["cpu_us_per_req"] or 1)
+    pod = doc["pod"]
+    if pod:
+        print(f"\n## pod: {ns.elements}-element FP32 tensor echoed, c=4; and refusals (429, tenant rate limit)")
+        prow = [[k, f"{v['rps']:.0f}", f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['p50_ms']}", str(v["non_2xx"])]
+                for k, v in pod.items()]
+        print(table(["point", "rps", "cpu us/req", "p50 ms", "non-2xx"], prow))
+        ratios["binary/json rps (100k)"] = pod["binary_big"]["rps"] / pod["json_big"]["rps"]
+        acc = noop.get("sluiceway", {}).get("cpu_us_per_req")
+        if acc:
+            ratios["429 cpu / accepted cpu (small body)"] = (pod["refuse_small"]["cpu_us_per_req"] or 0) / acc
+        if pod["json_big"]["cpu_us_per_req"]:
+            ratios["429 cpu / accepted cpu (100k JSON body)"] = (
+                (pod["refuse_big"]["cpu_us_per_req"] or 0) / pod["json_big"]["cpu_us_per_req"])
+    print("\n## ratios (one run)")
+    for k, v in ratios.items():
+        print(f"  {k}: {'-' if v is None else f'{v:.2f}'}")
+    doc["ratios"] = ratios
+    print(f"# load average at end {meta['load_average_end']}")
+    path = save_results("overhead", doc)
+    png = plot(doc, path.with_suffix(".png"))
+    print(f"# results: {path}" + (f", plot: {png}" if png else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

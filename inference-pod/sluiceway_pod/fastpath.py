@@ -1,0 +1,112 @@
+"""The infer request on raw ASGI: the one hot path, without FastAPI's per-request machinery.
+
+A profile of the pod serving a no-op model (``bench/overhead.py``, docs/benchmarks.md) put about
+two thirds of the event loop's time per request in FastAPI/Starlette itself (route matching over
+every route, dependency solving for the path parameters, ``Request``/``Response`` objects), more
+than decoding, admission and metrics together. :class:`InferFastPath` answers
+``POST /v2/models/{name}[/versions/{version}]/infer`` directly and hands every other request to the
+wrapped (FastAPI) app.
+
+The order of work is the FastAPI route's (:mod:`sluiceway_pod.app`): the declared
+``Content-Length`` (413), then everything the headers decide
+(:meth:`~sluiceway_pod.data_plane.DataPlane.admit_headers`), and only then the body, read within
+``server.bodyTimeoutSeconds`` (408); a refusal returns before the body is read.
+
+Concurrency model: runs on the server's event loop, like the data plane it calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .data_plane import Admitted, DataPlane, Response
+from .errors import BodyTimeout, ClientGone, PayloadTooLarge
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def infer_model_name(path: str) -> str | None:
+    """``name`` from ``/v2/models/{name}/infer`` or ``/v2/models/{name}/versions/{v}/infer``."""
+    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+        return None
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0]
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0]
+    return None
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class InferFastPath:
+    def __init__(self, app: ASGIApp, plane: DataPlane) -> None:
+        self.app = app
+        self.plane = plane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            name = infer_model_name(scope["path"])
+            if name is not None:
+                await _send(send, await self._infer(name, scope, receive))
+                return
+        await self.app(scope, receive, send)
+
+    async def _infer(self, name: str, scope: Scope, receive: Receive) -> Response:
+        plane = self.plane
+        server = plane.config.server
+        limit = server.max_body_bytes
+        # ASGI header names are lower-case bytes; a repeated header keeps its last value, as
+        # the dict the FastAPI route builds does
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return plane.refuse(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}"))
+        admitted = plane.admit_headers(name, headers)
+        if not isinstance(admitted, Admitted):  # refused on the headers: the body is never read
+            return admitted
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(server.body_timeout_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _Disconnected
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        return plane.refuse(PayloadTooLarge(f"body exceeds {limit} bytes"))
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except _Disconnected:
+            return plane.refuse(ClientGone("the client disconnected while sending the body"))
+        except TimeoutError:
+            return plane.refuse(
+                BodyTimeout(f"the request body did not arrive within {server.body_timeout_seconds:g}s")
+            )
+
+        async def disconnected() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await plane.infer_body(admitted, body, headers, disconnected)
+
+
+async def _send(send: Send, r: Response) -> None:
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()]
+    raw.append((b"content-length", str(len(r.body)).encode()))
+    await send({"type": "http.response.start", "status": r.status, "headers": raw})
+    await send({"type": "http.response.body", "body": r.body})

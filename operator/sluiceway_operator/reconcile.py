@@ -1,0 +1,410 @@
+"""The operator's two loops, split by concern, and the per-object state they share under a lock.
+
+* :meth:`Reconciler.apply_children` - the **spec path** (kopf create/update/resume, and the drift
+  ticker): read the referenced Secrets, render every child (pure), refuse names this
+  InferenceService does not control, server-side *dry-run* every child, and only when all of them
+  pass apply them, set the replica count (engines none/builtin), prune unwanted children and write
+  the status. No Prometheus on this path: it is fast and only talks to the API server.
+* :meth:`Reconciler.refresh_signals` - the **signals path** (the signals ticker): read Prometheus
+  for the status columns, and for engine ``builtin`` run the shared scaling policy and set the
+  replica count.
+
+Concurrency model: kopf runs the (sync) change handlers in its thread pool and never runs two of
+them for the same object at once; the tickers (:mod:`.ticker`) run the same methods from their own
+worker threads. Every method takes the object's :class:`ObjectState` lock for its whole run, so the
+spec path, the drift repair and the signals path of one InferenceService never interleave, while
+different InferenceServices proceed in parallel. :class:`ObjectState` is the only mutable state; it
+is reached only through :meth:`Reconciler.state`, whose map is guarded by its own lock. Decisions
+use an injected monotonic clock.
+
+Status: each path records its outcome in the state and writes the *whole* status (merge patch of
+the status subresource) computed from both outcomes, so the two never overwrite each other's
+conditions. A problem (ConfigValid=False) posts exactly one Warning Event until it changes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluiceway_core.keys import hash_key
+from sluiceway_core.policy import (
+    ScaleDownPolicy,
+    ScaleHistory,
+    ScaleUpPolicy,
+    ScalingSpec,
+    Signals,
+    desired_replicas,
+)
+from sluiceway_core.signals import Queries
+from sluiceway_core.units import parse_duration
+
+from .kube import (
+    KEDA_CRD,
+    REPLICAS_MANAGER,
+    SERVICE_MONITOR_CRD,
+    ApiError,
+    Kube,
+    SecretProblem,
+    controlled_by,
+    is_refusal,
+)
+from .prom import PrometheusError, query_scalar
+from .render import Environment, Owner, build_replicas, clamp_replicas, endpoint_url, render
+from .settings import OperatorConfig
+from .spec import InferenceServiceSpec, SpecError, parse_spec
+from .status import Observed, compute_status
+
+__all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome"]
+
+log = logging.getLogger(__name__)
+
+#: The builtin engine keeps the GPU permits at most this busy (the scaler's default, 80 %).
+BUILTIN_TARGET_UTILISATION = 0.8
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What the spec path decided for one generation."""
+
+    generation: int
+    engine: str
+    spec_replicas: int
+    spec_permits: int | str
+    config_error: tuple[str, str] | None
+    config_hash: str | None
+    keda: bool
+
+
+@dataclass(frozen=True)
+class SignalsOutcome:
+    """What the signals path read."""
+
+    prometheus_configured: bool
+    prometheus_error: str | None = None
+    queue_depth: float | None = None
+    wait_p95: float | None = None
+    live_permits: float | None = None
+    memory_bound_permits: float | None = None
+    builtin_note: str | None = None
+
+
+@dataclass
+class ObjectState:
+    """Per-InferenceService memory. Touch only while holding ``lock``."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    applied: ApplyOutcome | None = None
+    signals: SignalsOutcome | None = None
+    scale_history: ScaleHistory | None = None
+    #: The (reason, message) last posted as a Warning Event.
+    posted: tuple[str, str] | None = None
+    #: The status last written (its conditions keep their lastTransitionTime).
+    status: dict[str, Any] | None = None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reconciler:
+    """Both paths for every InferenceService of one operator process (see the module docstring)."""
+
+    def __init__(self, config: OperatorConfig, kube: Kube, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.kube = kube
+        self.clock = clock
+        self._states: dict[str, ObjectState] = {}
+        self._states_lock = threading.Lock()
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def state(self, uid: str) -> ObjectState:
+        with self._states_lock:
+            st = self._states.get(uid)
+            if st is None:
+                st = self._states[uid] = ObjectState()
+            return st
+
+    def forget(self, uid: str) -> None:
+        with self._states_lock:
+            self._states.pop(uid, None)
+
+    # -- the spec path --------------------------------------------------------------------------
+
+    def apply_children(self, body: Mapping[str, Any]) -> ApplyOutcome:
+        """Render, check, dry-run, apply, prune, report. Raises :class:`ApiError` when transient."""
+        meta = body["metadata"]
+        st = self.state(meta["uid"])
+        with st.lock:
+            outcome = self._apply_locked(body, st)
+            st.applied = outcome
+            self._write_status(body, st)
+            return outcome
+
+    def _apply_locked(self, body: Mapping[str, Any], st: ObjectState) -> ApplyOutcome:
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        owner = Owner(name=name, namespace=namespace, uid=uid)
+        raw_spec = dict(body.get("spec") or {})
+        generation = int(meta.get("generation") or 0)
+        keda = self.kube.crd_exists(KEDA_CRD)
+
+        def outcome(
+            spec: InferenceServiceSpec | None, error: tuple[str, str] | None, digest: str | None
+        ) -> ApplyOutcome:
+            if spec is None:
+                engine = str((raw_spec.get("autoscaling") or {}).get("engine", "keda"))
+                return ApplyOutcome(generation, engine, int(raw_spec.get("replicas") or 1), "auto", error, digest, keda)
+            return ApplyOutcome(
+                generation, spec.autoscaling.engine, spec.replicas, spec.concurrency.permits, error, digest, keda
+            )
+
+        previous_hash = st.applied.config_hash if st.applied else (body.get("status") or {}).get("configHash")
+        try:
+            spec = parse_spec(raw_spec)
+        except SpecError as err:
+            return outcome(None, ("InvalidSpec", str(err)), previous_hash)
+        hashes = self._key_hashes(namespace, spec)
+        if isinstance(hashes, list):
+            return outcome(spec, (hashes[0].reason, "; ".join(p.message for p in hashes)), previous_hash)
+        env = Environment(
+            scaler_address=self.config.scaler_address,
+            prometheus_url=self.config.prometheus_url,
+            keda=keda,
+            service_monitor=self.kube.crd_exists(SERVICE_MONITOR_CRD),
+        )
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
+        try:
+            rendered = render(owner, spec, hashes, env, replicas=current)
+        except SpecError as err:
+            return outcome(spec, ("InvalidConfig", str(err)), previous_hash)
+
+        # Never adopt: an object of a child's name that this InferenceService does not control.
+        conflicts = []
+        for m in rendered.manifests:
+            existing = (
+                deployment
+                if m["kind"] == "Deployment"
+                else self.kube.get(m["apiVersion"], m["kind"], namespace, m["metadata"]["name"])
+            )
+            if existing is not None and not controlled_by(existing, uid):
+                conflicts.append(f"{m['kind']} {namespace}/{m['metadata']['name']}")
+        if conflicts:
+            message = (
+                f"{', '.join(conflicts)} already exist(s) and is not controlled by this InferenceService; "
+                "rename the InferenceService or remove the object(s)"
+            )
+            return outcome(spec, ("NameConflict", message), previous_hash)
+
+        # Everything the API server would refuse is found before anything is written.
+        for m in rendered.manifests:
+            try:
+                self.kube.apply(m, dry_run=True)
+            except ApiError as err:
+                if not is_refusal(err):
+                    raise
+                return outcome(
+                    spec,
+                    (
+                        "ChildRejected",
+                        f"{m['kind']} {namespace}/{m['metadata']['name']} refused by the API server: {err}",
+                    ),
+                    previous_hash,
+                )
+
+        if deployment is not None:
+            self.kube.hand_over_replicas(deployment)
+        for m in rendered.manifests:
+            try:
+                self.kube.apply(m)
+            except ApiError as err:  # refused although the dry run passed (admission changed)
+                if not is_refusal(err):
+                    raise
+                return outcome(
+                    spec,
+                    (
+                        "ChildRejected",
+                        f"{m['kind']} {namespace}/{m['metadata']['name']} refused by the API server: {err}",
+                    ),
+                    previous_hash,
+                )
+        if rendered.replicas is not None and rendered.replicas != current:
+            self.kube.apply(build_replicas(owner, rendered.replicas), manager=REPLICAS_MANAGER)
+        for api_version, kind in rendered.absent:
+            if self.kube.delete_owned(api_version, kind, namespace, name, uid):
+                log.info("pruned %s %s/%s", kind, namespace, name)
+        return outcome(spec, None, rendered.config_hash)
+
+    def _key_hashes(self, namespace: str, spec: InferenceServiceSpec) -> dict[str, str] | list[SecretProblem]:
+        hashes: dict[str, str] = {}
+        problems: list[SecretProblem] = []
+        for tenant in spec.keyed_tenants:
+            ref = tenant.key_secret_ref
+            assert ref is not None
+            value = self.kube.read_secret_value(namespace, ref.name, ref.key)
+            if isinstance(value, SecretProblem):
+                problems.append(SecretProblem(value.reason, f"tenant {tenant.name}: {value.message}"))
+            else:
+                hashes[tenant.name] = hash_key(value)
+        return problems or hashes
+
+    # -- the signals path -----------------------------------------------------------------------
+
+    def refresh_signals(self, body: Mapping[str, Any]) -> SignalsOutcome | None:
+        """Read Prometheus; for engine builtin, decide and set the replicas. None if the spec is
+        invalid (the spec path reports that). Raises :class:`ApiError` when transient."""
+        meta = body["metadata"]
+        try:
+            spec = parse_spec(dict(body.get("spec") or {}))
+        except SpecError:
+            return None
+        st = self.state(meta["uid"])
+        with st.lock:
+            outcome = self._signals_locked(body, spec, st)
+            st.signals = outcome
+            self._write_status(body, st)
+            return outcome
+
+    def _signals_locked(self, body: Mapping[str, Any], spec: InferenceServiceSpec, st: ObjectState) -> SignalsOutcome:
+        meta = body["metadata"]
+        name, namespace = meta["name"], meta["namespace"]
+        prom_url = spec.autoscaling.prometheus_address or self.config.prometheus_url
+        readings: dict[str, float | None] = {}
+        prom_error: str | None = None
+        if prom_url:
+            q = Queries.build(namespace, name)
+            try:
+                readings = {
+                    "queue": query_scalar(prom_url, q.queue_depth),
+                    "wait": query_scalar(prom_url, q.wait_p95),
+                    "permits": query_scalar(prom_url, q.concurrency),
+                    "utilisation": query_scalar(prom_url, q.utilisation),
+                    "memory_bound": query_scalar(prom_url, q.memory_bound) if q.memory_bound else None,
+                }
+            except PrometheusError as err:
+                prom_error = str(err)
+            if prom_error is None and spec.autoscaling.engine == "builtin" and readings.get("queue") is None:
+                prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
+        note: str | None = None
+        if spec.autoscaling.engine == "builtin":
+            note = self._builtin(spec, Owner(name, namespace, meta["uid"]), readings, prom_url, prom_error, st)
+        return SignalsOutcome(
+            prometheus_configured=bool(prom_url),
+            prometheus_error=prom_error,
+            queue_depth=readings.get("queue"),
+            wait_p95=readings.get("wait"),
+            live_permits=readings.get("permits"),
+            memory_bound_permits=readings.get("memory_bound"),
+            builtin_note=note,
+        )
+
+    def _builtin(
+        self,
+        spec: InferenceServiceSpec,
+        owner: Owner,
+        readings: Mapping[str, float | None],
+        prom_url: str | None,
+        prom_error: str | None,
+        st: ObjectState,
+    ) -> str | None:
+        """The shared policy (``sluiceway_core.policy``); missing data holds the replicas."""
+        deployment = self.kube.get("apps/v1", "Deployment", owner.namespace, owner.name)
+        if deployment is None or not controlled_by(deployment, owner.uid):
+            return None  # the spec path creates it (or reports the conflict)
+        current = int((deployment.get("spec") or {}).get("replicas") or 0)
+        queue = readings.get("queue")
+        if prom_url and prom_error is None and queue is not None:
+            signals = Signals(queue_depth=queue, wait_p95=readings.get("wait"), utilisation=readings.get("utilisation"))
+        else:
+            detail = prom_error or (
+                "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"
+            )
+            signals = Signals(queue_depth=None, ok=False, detail=detail)
+        a = spec.autoscaling
+        scaling = ScalingSpec(
+            min_replicas=a.min_replicas,
+            max_replicas=a.max_replicas,
+            target_queue_per_replica=float(a.target_queue_depth_per_replica),
+            target_wait_p95=parse_duration(a.target_wait_p95),
+            target_utilisation=BUILTIN_TARGET_UTILISATION,
+            scale_up=ScaleUpPolicy(
+                max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)
+            ),
+            scale_down=ScaleDownPolicy(
+                stabilization_window=parse_duration(a.scale_down.stabilization_window),
+                max_pods=a.scale_down.max_pods_per_period,
+                period=parse_duration(a.scale_down.period),
+            ),
+        )
+        decision = desired_replicas(signals, scaling, current, st.scale_history or ScaleHistory(), self.clock())
+        st.scale_history = decision.history
+        replicas = clamp_replicas(spec, decision.replicas)
+        if replicas != current:
+            self.kube.apply(build_replicas(owner, replicas), manager=REPLICAS_MANAGER)
+        return f"{replicas} replicas: {decision.reason}"
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def _write_status(self, body: Mapping[str, Any], st: ObjectState) -> None:
+        """The whole status from both outcomes; one Warning Event per new problem. Lock held."""
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        applied = st.applied
+        if applied is None:
+            return  # the spec path writes first (it runs on resume after every start)
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
+        if deployment is not None and not controlled_by(deployment, uid):
+            deployment = None
+        scaled_object = None
+        if applied.keda and applied.engine in ("keda", "prometheus"):
+            scaled_object = self.kube.get("keda.sh/v1alpha1", "ScaledObject", namespace, name)
+            if scaled_object is not None and not controlled_by(scaled_object, uid):
+                scaled_object = None
+        sig = st.signals
+        observed = Observed(
+            generation=applied.generation,
+            endpoint=endpoint_url(Owner(name, namespace, uid)),
+            engine=applied.engine,
+            spec_replicas=applied.spec_replicas,
+            spec_permits=applied.spec_permits,
+            config_error=applied.config_error,
+            config_hash=applied.config_hash,
+            deployment=deployment,
+            keda_installed=applied.keda,
+            scaled_object=scaled_object,
+            prometheus_configured=sig.prometheus_configured if sig else bool(self.config.prometheus_url),
+            prometheus_error=sig.prometheus_error if sig else None,
+            queue_depth=sig.queue_depth if sig else None,
+            wait_p95=sig.wait_p95 if sig else None,
+            live_permits=sig.live_permits if sig else None,
+            memory_bound_permits=sig.memory_bound_permits if sig else None,
+            builtin_note=sig.builtin_note if sig else None,
+            signals_read=sig is not None,
+        )
+        previous = (st.status or body.get("status") or {}).get("conditions")
+        status = compute_status(observed, previous, _now())
+        if status != st.status:
+            self.kube.patch_status(namespace, name, status)
+            st.status = status
+        problem = applied.config_error
+        if problem is not None and problem != st.posted:
+            old = next(
+                (c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "ConfigValid"), None
+            )
+            repeated = (
+                st.posted is None
+                and old is not None
+                and old.get("status") == "False"
+                and old.get("message") == problem[1]
+            )
+            if not repeated:  # not already posted by this process, nor before a restart
+                self.kube.post_event(body, "Warning", problem[0], problem[1])
+                log.warning("%s/%s ConfigValid=False (%s): %s", namespace, name, problem[0], problem[1])
+        st.posted = problem

@@ -1,0 +1,1 @@
+"""Sluiceway sandbox: the whole system on one machine (control plane, node agent, Helm, KEDA, Prometheus)."""

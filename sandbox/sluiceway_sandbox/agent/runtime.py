@@ -1,0 +1,123 @@
+"""Container processes: launched with ``ip netns exec <pod netns>`` (which also gives the process a
+private mount namespace) and a small shell prologue that bind-mounts the pod's volumes, hosts file
+and resolv.conf at their paths before ``exec``-ing the entrypoint. Each container leads its own
+process group; stop = SIGTERM to the group, SIGKILL after the grace period."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..state import Recorded, signal_group, write_pid
+from .volumes import Mount
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+
+
+def prologue(mounts: Sequence[Mount], hosts: Path | None, resolv: Path | None, cwd: str | None) -> str:
+    """The shell run inside the pod's namespaces before the entrypoint (pure; unit-tested)."""
+    lines = ["set -e"]
+    binds: list[Mount] = list(mounts)
+    if hosts is not None:
+        binds.append(Mount(hosts, "/etc/hosts", True))
+    if resolv is not None:
+        binds.append(Mount(resolv, "/etc/resolv.conf", True))
+    for m in order_mounts(binds):
+        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
+        if m.source.is_dir():
+            lines.append(f"mkdir -p {dst}")
+        else:
+            lines.append(f"mkdir -p $(dirname {dst}) && [ -e {dst} ] || : > {dst}")
+        lines.append(f"mount --bind {src} {dst}")
+        if m.read_only:
+            lines.append(f"mount -o remount,bind,ro {dst}")
+    if cwd:
+        lines.append(f"cd {shlex.quote(cwd)}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def _under(path: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root + "/") or root == "/"
+
+
+def order_mounts(mounts: Sequence[Mount]) -> list[Mount]:
+    """Parents before children (as container runtimes do), and any mount whose target would hide
+    another mount's source (an emptyDir on /tmp while the state dir is under /tmp) after it."""
+    sources = [str(m.source) for m in mounts]
+
+    def key(m: Mount) -> tuple[int, int]:
+        hides = any(_under(src, m.target) for src in sources if src != str(m.source))
+        return (1 if hides else 0, m.target.rstrip("/").count("/"))
+
+    return sorted(mounts, key=key)
+
+
+def launch(
+    netns: str,
+    spec: Launch,
+    mounts: Sequence[Mount],
+    hosts: Path | None,
+    resolv: Path | None,
+    log: Path,
+    pid_file: Path,
+) -> subprocess.Popen[bytes]:
+    script = prologue(mounts, hosts, resolv, spec.cwd)
+    argv = ["ip", "netns", "exec", netns, "sh", "-c", script, "sluiceway-container", *spec.argv]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=spec.env,
+            start_new_session=True,
+        )
+    write_pid(pid_file, proc.pid)
+    return proc
+
+
+def terminate(proc: subprocess.Popen[bytes], rec: Recorded | None, grace: float) -> int:
+    """SIGTERM the container's group, wait up to ``grace`` seconds, then SIGKILL. Returns exit code."""
+    if proc.poll() is None:
+        _signal(proc, rec, signal.SIGTERM)
+        deadline = time.monotonic() + max(grace, 0.0)
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            _signal(proc, rec, signal.SIGKILL)
+    code = proc.wait(timeout=30)
+    # Stragglers of the group (children that outlived the leader) go too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return code
+
+
+def _signal(proc: subprocess.Popen[bytes], rec: Recorded | None, sig: int) -> None:
+    if rec is not None:
+        signal_group(rec, sig)
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def base_env(path_dirs: Sequence[str], extra: Mapping[str, str]) -> dict[str, str]:
+    env = {
+        "PATH": ":".join([*path_dirs, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+    }
+    env.update(extra)
+    return env

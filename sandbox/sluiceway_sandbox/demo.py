@@ -1,0 +1,406 @@
+"""``sluiceway demo``: the whole loop on one machine, watched live.
+
+Brings the sandbox up (unless it is already), applies ``samples/sandbox-demo.yaml`` (a synthetic
+model with a known capacity, two tenants with keys, two priority classes, KEDA autoscaling 1..4),
+waits for its first ready endpoint, then drives an open-loop ramp over the Service's ready
+endpoints: about half, once and three times one replica's capacity, then nothing. Every second it
+shows offered rate, goodput, answers by code and reason, queue depth and wait p95 (from Prometheus),
+desired and ready replicas. It ends with a report in numbers and a PNG plot, and tears the sandbox
+down unless ``keep``.
+
+Pure: :class:`Ramp`, :func:`build_report`, :func:`render_table`. I/O: :func:`run_demo` and the
+small readers (:class:`PromReader`, :func:`read_replicas`).
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import dataclasses
+import json
+import math
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sluiceway_core.signals import Queries
+
+from .layout import Layout
+from .loadgen import (
+    Client,
+    EndpointWatcher,
+    Outcome,
+    Phase,
+    build_schedule,
+    phase_at,
+    run_load_in_thread,
+    status_name,
+    summarize,
+)
+
+__all__ = [
+    "DemoReport",
+    "Ramp",
+    "Sample",
+    "build_report",
+    "render_table",
+    "run_demo",
+    "write_plot",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "samples" / "sandbox-demo.yaml"
+#: the sample's tenants: who sends what (priority class, share of arrivals)
+DEFAULT_TRAFFIC = (("search-key", "interactive", 3.0), ("reports-key", "batch", 1.0))
+
+
+@dataclass(frozen=True)
+class Ramp:
+    """The load ramp, in multiples of one replica's capacity (requests/s)."""
+
+    capacity: float = 40.0  # samples/sandbox-demo.yaml: 2 permits / 50 ms
+    below: float = 30.0  # seconds at 0.5x
+    at: float = 30.0  # seconds at 1x
+    over: float = 60.0  # seconds at 3x
+    off: float = 60.0  # seconds of silence (replicas fall after the scale-down window)
+    over_factor: float = 3.0
+
+    def phases(self) -> list[Phase]:
+        return [
+            Phase("below", self.below, 0.5 * self.capacity),
+            Phase("at", self.at, self.capacity),
+            Phase("over", self.over, self.over_factor * self.capacity),
+            Phase("off", self.off, 0.0),
+        ]
+
+    @property
+    def seconds(self) -> float:
+        return self.below + self.at + self.over + self.off
+
+    @property
+    def overload_start(self) -> float:
+        return self.below + self.at
+
+    @classmethod
+    def short(cls) -> Ramp:
+        """A quick ramp for tests (about 1.5 minutes)."""
+        return cls(below=10.0, at=10.0, over=40.0, off=35.0)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One second of the run, as the display shows it."""
+
+    t: float  # seconds since the ramp began
+    phase: str
+    offered: float  # requests/s scheduled in the last second
+    goodput: float  # 2xx answers/s completed in the last second
+    answers: dict[str, int]  # by code, cumulative
+    queue_depth: float | None
+    wait_p95: float | None  # seconds
+    desired: int | None
+    ready: int | None
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    sent: int
+    ok: int
+    goodput_share: float
+    codes: dict[str, int]
+    reasons: dict[str, int]
+    unexpected_5xx: int  # 5xx other than 503/504: must be 0
+    shed_without_reason: int  # 503/504 with no reason in the body: must be 0
+    peak_desired: int
+    peak_ready: int
+    overload_to_second_ready: float | None  # seconds from the 3x phase's start to ready >= 2
+    first_ready_endpoint: float | None  # seconds from applying the sample to a ready endpoint
+    replicas_after_off: int | None  # ready replicas at the end of the silent phase
+    samples: list[Sample] = field(default_factory=list)
+    plot: str = ""
+
+    def lines(self) -> list[str]:
+        def sec(x: float | None) -> str:
+            return "-" if x is None else f"{x:.1f} s"
+
+        return [
+            f"requests sent {self.sent}, 2xx {self.ok} (goodput share {self.goodput_share:.1%})",
+            f"answers by code: {' '.join(f'{k}:{v}' for k, v in self.codes.items()) or '-'}",
+            f"non-2xx by code and reason: {' '.join(f'{k}:{v}' for k, v in self.reasons.items()) or '-'}",
+            f"5xx other than 503/504: {self.unexpected_5xx}; 503/504 without a reason: {self.shed_without_reason}",
+            f"peak replicas: desired {self.peak_desired}, ready {self.peak_ready}",
+            f"sample applied -> first ready endpoint: {sec(self.first_ready_endpoint)}",
+            f"overload (3x capacity) -> second ready pod: {sec(self.overload_to_second_ready)}",
+            f"ready replicas at the end: {self.replicas_after_off if self.replicas_after_off is not None else '-'}",
+            *([f"plot: {self.plot}"] if self.plot else []),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pure.
+
+
+def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: Ramp,
+                 first_ready_endpoint: float | None = None) -> DemoReport:
+    s = summarize(outcomes, ramp.seconds)
+    second = next((x.t - ramp.overload_start for x in samples
+                   if x.t >= ramp.overload_start and (x.ready or 0) >= 2), None)
+    return DemoReport(
+        sent=s.sent, ok=s.ok, goodput_share=s.goodput_share, codes=s.codes, reasons=s.reasons,
+        unexpected_5xx=s.unexpected_5xx, shed_without_reason=s.shed_without_reason,
+        peak_desired=max((x.desired or 0 for x in samples), default=0),
+        peak_ready=max((x.ready or 0 for x in samples), default=0),
+        overload_to_second_ready=second, first_ready_endpoint=first_ready_endpoint,
+        replicas_after_off=samples[-1].ready if samples else None, samples=list(samples),
+    )
+
+
+def _fmt(x: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x * scale:.{digits}f}{unit}"
+
+
+def render_table(sample: Sample, capacity: float, reasons: dict[str, int]) -> list[tuple[str, str]]:
+    """The live display's rows (label, value) for one sample."""
+    return [
+        ("time", f"{sample.t:5.0f} s   phase {sample.phase}"),
+        ("offered", f"{sample.offered:6.1f} req/s  ({sample.offered / capacity:.1f}x one replica)"),
+        ("goodput", f"{sample.goodput:6.1f} req/s (2xx)"),
+        ("answers", " ".join(f"{k}:{v}" for k, v in sample.answers.items()) or "-"),
+        ("non-2xx reasons", " ".join(f"{k}:{v}" for k, v in reasons.items()) or "-"),
+        ("queue depth", _fmt(sample.queue_depth, "", 1.0, 1) + "  (Prometheus, all pods)"),
+        ("wait p95", _fmt(sample.wait_p95, " ms", 1000.0, 0) + "  (Prometheus, 30 s window)"),
+        ("replicas", f"desired {sample.desired if sample.desired is not None else '-'}  "
+                     f"ready {sample.ready if sample.ready is not None else '-'}"),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# I/O.
+
+
+class PromReader:
+    """Instant queries against the sandbox Prometheus (None when there is no number)."""
+
+    def __init__(self, url: str, namespace: str, name: str, window: str = "30s", timeout: float = 2.0) -> None:
+        self.url = url.rstrip("/")
+        self.queries = Queries.build(namespace, name, window)
+        self.timeout = timeout
+
+    def scalar(self, query: str) -> float | None:
+        q = urllib.parse.urlencode({"query": query})
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=self.timeout) as resp:
+                doc = json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
+        result = (doc.get("data") or {}).get("result") or []
+        if not result:
+            return None
+        try:
+            v = float(result[0]["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+        return None if math.isnan(v) else v
+
+    def read(self) -> tuple[float | None, float | None]:
+        return self.scalar(self.queries.queue_depth), self.scalar(self.queries.wait_p95)
+
+
+def read_replicas(kube: Any, namespace: str, name: str) -> tuple[int | None, int | None]:
+    """(desired, ready) of the InferenceService's Deployment."""
+    try:
+        dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+    except Exception:
+        return None, None
+    return int((dep.get("spec") or {}).get("replicas") or 0), int((dep.get("status") or {}).get("readyReplicas") or 0)
+
+
+def _secret_key(kube: Any, namespace: str, name: str, key: str = "key") -> str:
+    sec = kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+    return base64.b64decode(sec["data"][key]).decode()
+
+
+def _isvc_ready(kube: Any, namespace: str, name: str) -> bool:
+    obj = kube.get_or_none(f"/apis/sluiceway.io/v1alpha1/namespaces/{namespace}/inferenceservices/{name}")
+    conds = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def write_plot(report: DemoReport, ramp: Ramp, path: Path) -> Path:
+    """offered/goodput, replicas and queue signals over time (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [s.t for s in report.samples]
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    a1.plot(xs, [s.offered for s in report.samples], label="offered req/s")
+    a1.plot(xs, [s.goodput for s in report.samples], label="goodput (2xx) req/s")
+    a1.axhline(ramp.capacity, color="grey", linestyle=":", label="one replica's capacity")
+    a1.set_ylabel("requests/s")
+    a1.legend(loc="upper left")
+    a2.step(xs, [s.desired or 0 for s in report.samples], where="post", label="desired")
+    a2.step(xs, [s.ready or 0 for s in report.samples], where="post", label="ready")
+    a2.set_ylabel("replicas")
+    a2.legend(loc="upper left")
+    a3.plot(xs, [s.queue_depth if s.queue_depth is not None else float("nan") for s in report.samples],
+            label="queue depth")
+    a3.set_ylabel("queue depth")
+    a3b = a3.twinx()
+    a3b.plot(xs, [1000 * s.wait_p95 if s.wait_p95 is not None else float("nan") for s in report.samples],
+             color="tab:red", label="wait p95 (ms)")
+    a3b.set_ylabel("wait p95 ms")
+    a3.set_xlabel("seconds since the ramp began")
+    start = 0.0
+    for p in ramp.phases():
+        for ax in (a1, a2, a3):
+            ax.axvline(start, color="lightgrey", linewidth=0.8)
+        a1.text(start + 1, a1.get_ylim()[1] * 0.92, p.name, fontsize=8)
+        start += p.seconds
+    fig.suptitle("sluiceway demo: open-loop ramp through KEDA + HPA")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _load_sample(sample: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(sample.read_text()) if d]
+    (isvc,) = [d for d in docs if d.get("kind") == "InferenceService"]
+    return docs, isvc
+
+
+def run_demo(
+    layout: Layout,
+    *,
+    ramp: Ramp | None = None,
+    keep: bool = False,
+    up: bool = True,
+    build: bool = True,
+    out_dir: Path | None = None,
+    sample: Path = SAMPLE,
+    live: bool = True,
+    seed: int = 1,
+    ready_timeout: float = 240.0,
+    progress: Callable[[str], None] = print,
+) -> DemoReport:
+    """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test);
+    ``keep``: leave the sandbox and the InferenceService running; ``live=False``: one line per
+    5 s instead of the rich display. Returns the report (also printed and written as JSON)."""
+    from . import lifecycle
+    from .kubeclient import Kube
+
+    ramp = ramp or Ramp()
+    out_dir = (out_dir or Path.cwd()).resolve()
+    if up:
+        lifecycle.up(layout, lifecycle.UpOptions(build=build), progress)
+    try:
+        kube = Kube.as_identity(layout, "admin")
+        docs, isvc = _load_sample(sample)
+        ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
+        model = isvc["spec"]["model"].get("name") or name
+        progress(f"demo: applying {sample.name} ({ns}/{name})")
+        t_apply = time.monotonic()
+        lifecycle.apply_all(kube, docs)
+        watcher = EndpointWatcher(kube, ns, name)
+        lifecycle.wait_until(watcher.poll, ready_timeout, f"a ready endpoint of {ns}/{name}")
+        first_ready = time.monotonic() - t_apply
+        progress(f"demo: first ready endpoint {first_ready:.1f} s after apply: {watcher.endpoints()}")
+        lifecycle.wait_until(lambda: _isvc_ready(kube, ns, name), ready_timeout, f"{ns}/{name} Ready")
+        clients = [Client(sec.removesuffix("-key"), _secret_key(kube, ns, sec), prio, share)
+                   for sec, prio, share in DEFAULT_TRAFFIC]
+        phases = ramp.phases()
+        schedule = build_schedule(phases, clients, seed=seed)
+        prom = PromReader(layout.prometheus_url, ns, name)
+        samples: list[Sample] = []
+        with watcher:
+            thread, outcomes, stop = run_load_in_thread(schedule, clients, watcher.endpoints,
+                                                        f"/v2/models/{model}/infer", seed=seed)
+            t0 = time.monotonic()
+            try:
+                samples = _observe(ramp, schedule, outcomes, prom, kube, ns, name, t0, live, progress)
+            finally:
+                stop.set()
+                thread.join(timeout=30)
+        report = build_report(samples, list(outcomes), ramp, first_ready)
+        plot = write_plot(report, ramp, out_dir / "sluiceway-demo.png")
+        report = dataclasses.replace(report, plot=str(plot))
+        (out_dir / "sluiceway-demo.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
+        progress("demo report:")
+        for line in report.lines():
+            progress(f"  {line}")
+        return report
+    finally:
+        if not keep:
+            progress("demo: tearing the sandbox down (use --keep to leave it running)")
+            lifecycle.down(layout, progress)
+        else:
+            progress(f"demo: left running. KUBECONFIG={layout.kubeconfig}")
+
+
+def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[Outcome], prom: PromReader,
+             kube: Any, ns: str, name: str, t0: float, live: bool,
+             progress: Callable[[str], None]) -> list[Sample]:
+    """Sample once a second until the ramp ends; show it live."""
+    samples: list[Sample] = []
+    seen = 0
+    answers: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    times = [t for t, _ in schedule]
+
+    def tick() -> Sample:
+        nonlocal seen
+        now = time.monotonic() - t0
+        new = outcomes[seen:len(outcomes)]
+        seen += len(new)
+        for o in new:
+            answers[status_name(o.status)] += 1
+            if not 200 <= o.status < 300:
+                reasons[f"{status_name(o.status)} {o.reason or '-'}"] += 1
+        offered = bisect.bisect_left(times, now) - bisect.bisect_left(times, now - 1.0)
+        depth, p95 = prom.read()
+        desired, ready = read_replicas(kube, ns, name)
+        phase = phase_at(ramp.phases(), now)
+        return Sample(now, phase.name if phase else "end", float(offered),
+                      float(sum(1 for o in new if 200 <= o.status < 300)), dict(sorted(answers.items())),
+                      depth, p95, desired, ready)
+
+    def table(s: Sample) -> Any:
+        from rich.table import Table
+
+        tbl = Table(title="sluiceway demo (Ctrl-C stops)", show_header=False)
+        for label, value in render_table(s, ramp.capacity, dict(sorted(reasons.items()))):
+            tbl.add_row(label, value)
+        return tbl
+
+    next_at = 1.0
+    if live:
+        from rich.live import Live
+
+        with Live(refresh_per_second=2, transient=False) as view:
+            while next_at <= ramp.seconds:
+                time.sleep(max(0.0, t0 + next_at - time.monotonic()))
+                samples.append(tick())
+                view.update(table(samples[-1]))
+                next_at += 1.0
+    else:
+        while next_at <= ramp.seconds:
+            time.sleep(max(0.0, t0 + next_at - time.monotonic()))
+            samples.append(tick())
+            s = samples[-1]
+            if int(s.t) % 5 == 0:
+                progress(" | ".join(f"{k} {v}" for k, v in render_table(s, ramp.capacity, dict(reasons))[:3])
+                         + f" | replicas {s.desired}/{s.ready} | depth {_fmt(s.queue_depth)}")
+            next_at += 1.0
+    return samples

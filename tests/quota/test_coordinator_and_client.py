@@ -1,0 +1,151 @@
+"""The quota coordinator over real HTTP on loopback, and the pod's lease client against it.
+
+The client is driven step by step (``renew_once`` / ``check_expiry``) with a manual clock, so the
+lease timing is exact; the HTTP calls are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sluiceway_core.config import QuotaConfig, TenantsConfig
+from sluiceway_core.quota import LEASE_PATH, LeaseRequest, TenantDemand, TenantQuota
+from sluiceway_pod.clock import ManualClock
+from sluiceway_pod.quota_client import QuotaClient
+from sluiceway_pod.tenancy import TenantRegistry
+from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
+
+
+@pytest.fixture
+def coordinator() -> Iterator[tuple[str, ManualClock]]:
+    clock = ManualClock(1000.0)
+    server, port, thread = serve_quota(QuotaCoordinator(3.0, clock=clock.now), "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{port}", clock
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def post(url: str, body: bytes, content_type: str = "application/json") -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"content-type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_coordinator_grants_and_rejects_bad_requests(coordinator: tuple[str, ManualClock]) -> None:
+    url, _ = coordinator
+    req = LeaseRequest("ns/demo", "pod-a", {"team": TenantQuota(20.0, 10, 2)}, {"team": TenantDemand(40.0, 20.0, 3, 1)})
+    code, grant = post(url + LEASE_PATH, json.dumps(req.to_json()).encode())
+    assert code == 200 and grant["replicas"] == 1 and grant["shares"]["team"]["rate"] == 20.0
+    assert grant["shares"]["team"]["maxConcurrent"] == 2 and grant["leaseSeconds"] == 3.0
+    code, err = post(url + LEASE_PATH, b"{not json")
+    assert code == 400 and err["error"]
+    code, err = post(url + LEASE_PATH, json.dumps({"service": "demo", "pod": "p"}).encode())
+    assert code == 400 and "namespace" in err["error"]
+    code, err = post(url + LEASE_PATH, b"x" * (256 * 1024 + 1))
+    assert code == 413
+    code, err = post(url + "/v1/other", b"{}")
+    assert code == 404
+
+
+def registry(clock: ManualClock) -> TenantRegistry:
+    cfg = TenantsConfig.model_validate(
+        {"allowAnonymous": True, "tenants": [{"name": "team", "rate": 30, "burst": 9, "maxConcurrent": 3}]}
+    )
+    return TenantRegistry(cfg, ["critical", "standard", "batch"], clock, default_priority="standard")
+
+
+def client(
+    url: str, reg: TenantRegistry, clock: ManualClock, pod: str, load: dict[str, tuple[int, int]]
+) -> QuotaClient:
+    cfg = QuotaConfig(coordinator_url=url, service="ns/demo", lease_seconds=3.0, assumed_replicas=2)
+    return QuotaClient(cfg, reg, lambda: load, clock, pod=pod)
+
+
+def test_pods_lease_shares_that_sum_to_the_quota_and_fall_back_when_the_lease_runs_out(
+    coordinator: tuple[str, ManualClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, coord_clock = coordinator
+    clock = ManualClock()
+    regs = {p: registry(clock) for p in "abc"}
+    loads: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in "abc"}
+    clients = {p: client(url, regs[p], clock, f"pod-{p}", loads[p]) for p in "abc"}
+    team = regs["a"].tenant("team")
+    # before any lease: quota / assumedReplicas (2)
+    share = regs["a"].share("team")
+    assert share is not None and share.rate == 15.0 and regs["a"].concurrency_cap(team) == 1
+
+    async def scenario() -> None:
+        # pod a sees 42/s offered, b 12/s, c 6/s (3x a quota of 20 routed 70/20/10; here the quota is 30)
+        for _round in range(3):
+            for p, offered in (("a", 63), ("b", 18), ("c", 9)):
+                t = regs[p].tenant("team")
+                for _ in range(offered):
+                    regs[p].take_token(t)
+                clock.advance(0.33)
+                coord_clock.advance(0.33)
+                assert await clients[p].renew_once()
+        rates = {p: regs[p].share("team").rate for p in "abc"}  # type: ignore[union-attr]
+        assert sum(rates.values()) <= 30.0 + 1e-9
+        assert rates["c"] < rates["a"] and rates["a"] == pytest.approx(rates["b"])
+        assert all(not c.fallback and c.replicas == 3 for c in clients.values())
+        # the buckets follow the shares
+        assert regs["a"]._buckets["team"].rate == rates["a"]
+        # the coordinator goes away: after the lease period each pod falls back to quota / 3
+        clients["a"].url = "http://127.0.0.1:1" + LEASE_PATH  # nothing listens there
+        assert not await clients["a"].renew_once()
+        clock.advance(2.0)
+        clients["a"].check_expiry()
+        assert not clients["a"].fallback  # the lease (3 s from when it was sent) still holds
+        clock.advance(1.5)
+        with caplog.at_level(logging.WARNING, logger="sluiceway.quota"):
+            clients["a"].check_expiry()
+        assert clients["a"].fallback
+        fb = regs["a"].share("team")
+        assert fb is not None and fb.rate == pytest.approx(10.0) and fb.max_concurrent == 1
+        assert "falling back to quota / 3 replicas" in caplog.text
+
+    asyncio.run(scenario())
+
+
+def test_a_tenant_queued_on_a_pod_without_a_slot_asks_for_an_early_renewal(
+    coordinator: tuple[str, ManualClock],
+) -> None:
+    url, _coord_clock = coordinator
+    clock = ManualClock()
+    regs = {p: registry(clock) for p in "ab"}
+    loads: dict[str, dict[str, tuple[int, int]]] = {"a": {"team": (5, 0)}, "b": {}}
+    clients = {p: client(url, regs[p], clock, f"pod-{p}", loads[p]) for p in "ab"}
+
+    async def scenario() -> None:
+        for p in "ab":
+            assert await clients[p].renew_once()
+        # a has all the demand: the three slots go a's way, b holds none yet
+        assert await clients["a"].renew_once()
+        caps = {p: regs[p].concurrency_cap(regs[p].tenant("team")) for p in "ab"}
+        assert caps == {"a": 3, "b": 0}
+        assert not clients["b"].starved()  # nothing queued on b
+        loads["a"].clear()
+        loads["b"]["team"] = (2, 0)  # now work waits on b, which holds no slot: renew early
+        assert clients["b"].starved()
+        # a gives slots back as it renews (no demand there); b takes them when it renews after a:
+        # the leases in force never sum to more than 3 on the way
+        for _ in range(2):
+            assert await clients["a"].renew_once()
+            assert await clients["b"].renew_once()
+            caps = {p: regs[p].concurrency_cap(regs[p].tenant("team")) for p in "ab"}
+            assert sum(c or 0 for c in caps.values()) <= 3
+        assert caps == {"a": 1, "b": 2}
+        assert not clients["b"].starved()
+
+    asyncio.run(scenario())

@@ -1,0 +1,139 @@
+"""The pure parts of service-wide quotas: max-min division, the lease schema, the allocator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from sluiceway_core.quota import (
+    Allocator,
+    LeaseGrant,
+    LeaseRequest,
+    QuotaError,
+    TenantDemand,
+    TenantQuota,
+    fallback_share,
+    max_min_fair,
+    max_min_fair_int,
+)
+
+demand_maps = st.dictionaries(st.sampled_from(list("abcdef")), st.floats(0, 100), min_size=1)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(capacity=st.floats(0.1, 200), demands=demand_maps)
+def test_max_min_fair_division(capacity: float, demands: dict[str, float]) -> None:
+    alloc = max_min_fair(capacity, demands)
+    assert set(alloc) == set(demands)
+    assert math.isclose(sum(alloc.values()), capacity, rel_tol=1e-9, abs_tol=1e-9)
+    if sum(demands.values()) <= capacity:
+        assert all(alloc[k] >= demands[k] - 1e-9 for k in demands)  # everyone satisfied
+    else:
+        short = [k for k in demands if alloc[k] < demands[k] - 1e-9]
+        # max-min: whoever is short gets at least as much as anyone else
+        for k in short:
+            assert all(alloc[k] >= alloc[o] - 1e-9 for o in demands)
+        assert all(alloc[k] <= demands[k] + 1e-9 for k in demands)  # no leftover to spread
+
+
+def test_max_min_fair_example_seventy_twenty_ten() -> None:
+    alloc = max_min_fair(20.0, {"a": 42.0, "b": 12.0, "c": 6.0})  # 3x a quota of 20, routed 70/20/10
+    assert alloc == pytest.approx({"a": 7.0, "b": 7.0, "c": 6.0})
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(0, 40), demands=st.dictionaries(st.sampled_from(list("abcde")), st.integers(0, 20), min_size=1)
+)
+def test_max_min_fair_int_division(capacity: int, demands: dict[str, int]) -> None:
+    alloc = max_min_fair_int(capacity, demands)
+    assert sum(alloc.values()) == capacity
+    if sum(demands.values()) >= capacity:
+        assert all(alloc[k] <= demands[k] for k in demands)
+        short = [k for k in demands if alloc[k] < demands[k]]
+        for k in short:
+            assert all(alloc[k] >= alloc[o] - 1 for o in demands)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 3), st.floats(0, 50), st.integers(0, 8), st.floats(0, 2.5)), min_size=1, max_size=60
+    ),
+    rate=st.floats(1, 100),
+    slots=st.integers(1, 10),
+)
+def test_outstanding_leases_never_exceed_the_quota(
+    steps: list[tuple[int, float, int, float]], rate: float, slots: int
+) -> None:
+    """Any order of renewals with any demand: the leases in force sum to at most the quota."""
+    alloc = Allocator(lease_seconds=2.0)
+    quota = {"t": TenantQuota(rate, 10, slots)}
+    held: dict[str, tuple[float, float, int]] = {}  # pod -> (expires, rate, slots)
+    now = 0.0
+    for pod_i, offered, queued, dt in steps:
+        now += dt
+        pod = f"p{pod_i}"
+        grant = alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(offered, 0, queued, 0)}), now)
+        share = grant.shares["t"]
+        assert share.rate is not None and share.max_concurrent is not None
+        held[pod] = (now + grant.lease_seconds, share.rate, share.max_concurrent)
+        live = [v for v in held.values() if v[0] > now]
+        assert sum(v[1] for v in live) <= rate + 1e-9
+        assert sum(v[2] for v in live) <= slots
+        assert grant.replicas == len(live)
+
+
+def test_shares_converge_to_max_min_after_everyone_renews() -> None:
+    alloc = Allocator(lease_seconds=3.0)
+    quota = {"t": TenantQuota(20.0, 10, 2)}
+    offered = {"a": 42.0, "b": 12.0, "c": 6.0}
+    grants = {}
+    for rnd in range(3):
+        for pod, off in offered.items():
+            grants[pod] = alloc.renew(
+                LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(off, 0, 3, 1)}), now=rnd * 1.0
+            )
+    rates = {p: g.shares["t"].rate for p, g in grants.items()}
+    assert rates == pytest.approx({"a": 7.0, "b": 7.0, "c": 6.0})
+    assert sum(g.shares["t"].max_concurrent or 0 for g in grants.values()) == 2
+    assert all(g.replicas == 3 for g in grants.values())
+
+
+def test_a_pod_that_stops_renewing_is_dropped_and_its_share_redistributed() -> None:
+    alloc = Allocator(lease_seconds=2.0)
+    quota = {"t": TenantQuota(30.0)}
+    for pod in "abc":
+        alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(100.0)}), 0.0)
+    g = alloc.renew(LeaseRequest("ns/svc", "a", quota, {"t": TenantDemand(100.0)}), 2.5)  # b, c expired
+    assert g.replicas == 1 and g.shares["t"].rate == pytest.approx(30.0)
+    assert alloc.pods("ns/svc", 2.5) == ["a"]
+
+
+def test_fallback_divides_by_the_replicas_and_never_stops_traffic() -> None:
+    s = fallback_share(TenantQuota(20.0, 9, 2), 3)
+    assert s.rate == pytest.approx(20 / 3) and s.burst == 3 and s.max_concurrent == 1
+    assert fallback_share(TenantQuota(None, None, None), 4).rate is None
+
+
+def test_lease_messages_round_trip_and_reject_bad_input() -> None:
+    req = LeaseRequest("ns/svc", "pod-1", {"t": TenantQuota(5.0, 2, 1)}, {"t": TenantDemand(1.5, 1.0, 2, 1)})
+    assert LeaseRequest.from_json(req.to_json()) == req
+    grant = Allocator(2.0).renew(req, 0.0)
+    assert LeaseGrant.from_json(grant.to_json()) == grant
+    bad = [
+        [],
+        {"service": "no-namespace", "pod": "p"},
+        {"service": "ns/s", "pod": ""},
+        {"service": "ns/s", "pod": "p", "quotas": {"t": {"rate": -1}}},
+        {"service": "ns/s", "pod": "p", "quotas": {"t": {"rate": float("nan")}}},
+        {"service": "ns/s", "pod": "p", "quotas": {"t": {"burst": 0}}},
+        {"service": "ns/s", "pod": "p", "demand": {"t": {"queued": 1.5}}},
+        {"service": "ns/s", "pod": "p", "quotas": {f"t{i}": {} for i in range(1001)}},
+    ]
+    for doc in bad:
+        with pytest.raises(QuotaError):
+            LeaseRequest.from_json(doc)
