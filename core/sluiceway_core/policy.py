@@ -36,7 +36,8 @@ The rule, in order:
    While pods asked for earlier are still starting (``ready_replicas < current``), the step is
    taken from the ready count instead, and never lowers ``current``: a backlog that capacity already
    on its way will absorb is not paid for again on every poll (the simulator showed that without
-   this the fleet overshoots to ``max_replicas`` when pods take minutes to start).
+   this the fleet overshoots to ``max_replicas`` when pods take minutes to start). The measured
+   demand (below) is exempt: a flash crowd gets what its offered rate needs at once.
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
    ``stabilization_window`` seconds (HPA semantics), and it may not drop more than ``max_pods``
    below the highest replica count decided within the last ``period`` seconds.
@@ -184,7 +185,8 @@ def _ceil(x: float) -> int:
     return math.ceil(x - _EPS) if x > 0 else 0
 
 
-def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str]:
+def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, int | None]:
+    """The raw recommendation, its explanation, and the demand term's value (None: n/a)."""
     parts: list[tuple[int, str]] = []
     assert signals.queue_depth is not None
     # The proportional terms scale the pods that produced the measurement: the ready ones when
@@ -216,9 +218,9 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str]:
     if predicted is not None:
         parts.append(predicted)
     if not parts:
-        return 0, "no wait observed and no backlog target"
+        return 0, "no wait observed and no backlog target", None
     best = max(parts, key=lambda p: p[0])
-    return best[0], "; ".join(p[1] for p in parts)
+    return best[0], "; ".join(p[1] for p in parts), demand[0] if demand is not None else None
 
 
 def _demand(signals: Signals, spec: ScalingSpec, serving: int) -> tuple[int, str] | None:
@@ -264,7 +266,7 @@ def desired_replicas(
         entry = HistoryEntry(now, current, current)
         return Decision(current, f"held at {current}: {why}", current, True, history.recorded(entry, keep))
 
-    raw, why = _raw(signals, spec, current)
+    raw, why, demand = _raw(signals, spec, current)
     bounded = min(spec.max_replicas, max(spec.min_replicas, raw))
     if bounded != raw:
         why += f"; bounded to [{spec.min_replicas}, {spec.max_replicas}] -> {bounded}"
@@ -287,7 +289,9 @@ def desired_replicas(
                 limits.append(math.ceil(base * (1 + up.max_percent / 100.0)))
             if not limits:
                 limits = [2 * base]
-            cap = max(limits)
+            # ... except up to the measured demand: a flash crowd must not wait for pods to start
+            # before the next step is asked for.
+            cap = max(*limits, min(demand or 0, replicas))
             if replicas > cap:
                 replicas = max(cap, current)
                 why += f"; {current - ready} pods still starting: step from {ready} ready -> {replicas}"

@@ -37,6 +37,11 @@ class Queries:
     concurrency: str
     utilisation: str
     memory_bound: str = ""
+    # service-wide tenant quotas (issue 11), one series per tenant label
+    tenant_admitted_rate: str = ""
+    tenant_rate_limited_rate: str = ""
+    tenant_quota_share: str = ""
+    quota_fallback_pods: str = ""
     offered_rate: str = ""
     request_cost: str = ""
 
@@ -71,6 +76,15 @@ class Queries:
             # Permits that fit device memory per pod (the smallest over pods); the chosen
             # permits (``concurrency``) never exceed it.
             memory_bound=f"min({m.CONCURRENCY_MEMORY_BOUND}{{{s}}})",
+            # per tenant, service-wide: requests answered 2xx per second (next to the spec's rate),
+            # refusals by the token buckets, the sum of the pods' quota shares (1 when the leases
+            # cover the quota) and the pods running on the fallback share (quota / replicas)
+            tenant_admitted_rate=f'sum by (tenant) (rate({m.REQUESTS}{{{s},code=~"2.."}}[{window}]))',
+            tenant_rate_limited_rate=(
+                f'sum by (tenant) (rate({m.REJECTED}{{{s},reason="rate_limited"}}[{window}]))'
+            ),
+            tenant_quota_share=f"sum by (tenant) ({m.TENANT_QUOTA_SHARE}{{{s}}})",
+            quota_fallback_pods=f"sum({m.QUOTA_FALLBACK}{{{s}}})",
             # device-seconds per second (busy permits, batches) over the permits in force
             utilisation=(
                 f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}])) / sum({m.CONCURRENCY_LIMIT}{{{s}}})"

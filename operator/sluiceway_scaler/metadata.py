@@ -18,7 +18,8 @@ minReplicas                    1         lower bound of the decision
 maxReplicas                    100       upper bound of the decision
 scaleDownWindowSeconds         300       window for slow scale-down (0..3600)
 scaleDownMaxPods               --        at most this many pods removed per period
-scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``
+scaleDownMaxPercent            --        ... or this percent of the replicas (the larger applies)
+scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``/``scaleDownMaxPercent``
 scaleUpMaxPods                 --        scale-up step limit in pods ...
 scaleUpMaxPercent              --        ... or percent (the larger of the two applies)
 targetUtilisationPercent       80        keep GPU permits at most this busy; 0 turns it off
@@ -56,7 +57,8 @@ KNOWN_KEYS = frozenset(
     {
         "inferenceService", "namespace", "prometheusAddress", "targetQueueDepthPerReplica",
         "targetWaitP95", "targetWaitP95Seconds", "minReplicas", "maxReplicas", "scaleDownWindowSeconds",
-        "scaleDownMaxPods", "scaleDownPeriodSeconds", "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
+        "scaleDownMaxPods", "scaleDownMaxPercent", "scaleDownPeriodSeconds", "scaleUpMaxPods",
+        "scaleUpMaxPercent", "rateWindow",
         "queryTimeout", "podMetricsUrls", "activationPollInterval", "targetUtilisationPercent",
         # KEDA's own keys for its connection to this scaler: scalerAddress is KEDA's alone; the TLS
         # keys are checked against the connection the call arrived on (sluiceway_scaler.access).
@@ -195,6 +197,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
     # KEDA accepts stabilisation windows above 3600 s and then fails silently (kedacore/keda#4976).
     window = _duration(metadata, "scaleDownWindowSeconds", 300.0, 0, 3600)
     down_pods = _int(metadata, "scaleDownMaxPods", None, 1, 10_000)
+    down_pct = _float(metadata, "scaleDownMaxPercent", None, 0.1, 100)
     period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)
     up_pods = _int(metadata, "scaleUpMaxPods", None, 1, 10_000)
     up_pct = _float(metadata, "scaleUpMaxPercent", None, 1, 10_000)
@@ -219,7 +222,9 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         target_wait_p95=w_target,
         target_utilisation=util_pct / 100.0 if util_pct else None,
         scale_up=ScaleUpPolicy(max_pods=up_pods, max_percent=up_pct),
-        scale_down=ScaleDownPolicy(stabilization_window=window, max_pods=down_pods, period=period),
+        scale_down=ScaleDownPolicy(
+            stabilization_window=window, max_pods=down_pods, period=period, max_percent=down_pct
+        ),
     )
     return TriggerConfig(
         inference_service=name,

@@ -57,6 +57,19 @@ def test_scale_up_steps_from_the_ready_pods_while_others_start() -> None:
     assert decide(Signals(queue_depth=500, ready_replicas=20), 30, spec) == 40  # 2 x 20 ready
     assert decide(Signals(queue_depth=500, ready_replicas=10), 30, spec) == 30  # never below current
     assert decide(Signals(queue_depth=500), 30, spec) == 60  # unknown ready: 2 x current
+    # the measured demand is exempt: 800/s x 0.2 s / (4 permits x 0.8) = 50 pods, asked at once
+    demand = ScalingSpec(
+        min_replicas=1,
+        max_replicas=1000,
+        target_queue_per_replica=8,
+        target_utilisation=0.8,
+        scale_up=ScaleUpPolicy(max_pods=4, max_percent=100),
+    )
+    flash = Signals(
+        queue_depth=400, utilisation=1.0, offered_rate=800, completion_rate=100, request_cost=0.2, permits=4,
+        ready_replicas=5,
+    )
+    assert decide(flash, 30, demand) == 50
 
 
 @pytest.mark.parametrize(("percent", "expected"), [(None, 99), (10.0, 90), (0.5, 99)])

@@ -37,6 +37,7 @@ def test_overrides() -> None:
             "maxReplicas": "7",
             "scaleDownWindowSeconds": "5",
             "scaleDownMaxPods": "2",
+            "scaleDownMaxPercent": "2.5",
             "scaleUpMaxPercent": "50",
             "rateWindow": "5s",
             "queryTimeout": "1s",
@@ -49,6 +50,7 @@ def test_overrides() -> None:
     assert cfg.namespace == "other"
     assert cfg.spec.min_replicas == 0 and cfg.spec.max_replicas == 7
     assert cfg.spec.scale_down.stabilization_window == 5 and cfg.spec.scale_down.max_pods == 2
+    assert cfg.spec.scale_down.max_percent == 2.5
     assert cfg.spec.scale_up.max_percent == 50
     assert cfg.pod_metrics_urls == ("http://127.0.0.1:1/metrics", "http://127.0.0.1:2/metrics")
     assert cfg.activation_poll_interval == pytest.approx(0.2)
@@ -78,6 +80,8 @@ def test_durations(text: str, seconds: float) -> None:
         ({"minReplicas": "-1"}, "a", "minReplicas"),
         ({"minReplicas": "5", "maxReplicas": "2"}, "a", "maxReplicas"),
         ({"scaleDownWindowSeconds": "7200"}, "a", "scaleDownWindowSeconds"),
+        ({"scaleDownMaxPercent": "0"}, "a", "scaleDownMaxPercent"),
+        ({"scaleDownMaxPercent": "150"}, "a", "scaleDownMaxPercent"),
         ({"rateWindow": "1 minute"}, "a", "rateWindow"),
         ({"podMetricsUrls": "ftp://x/metrics"}, "a", "podMetricsUrls"),
         ({"targetQueueDepth": "4"}, "a", "targetQueueDepth"),  # typo: unknown key
