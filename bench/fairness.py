@@ -10,6 +10,11 @@
     high p99 (target about 2 S plus overhead) and how many high requests were refused, and the
     longest wait of an answered low request against the pod's aging bound
     ``K*A + (ceil(Q/N) + 1) * S`` (K classes, aging step A, queue bound Q, N permits, service S).
+(h) Device-time shares (issue 11). A stand-in whose device time is proportional to the rows of the
+    batch (``--ms-per-row``, default 10). *big* sends 4-row requests, *small* 1-row ones, at the same
+    Poisson rate (0.6 of the device for small alone, 2.4 for big). Measured: each tenant's share of
+    the device time of the answered (2xx) requests. Fair share by device time gives each half; a
+    server that counts requests (or serves FIFO, as the baseline does) gives big about 4/5.
 
 Every scenario gets a fresh server (pinned to core 0; the generator on core 1), a warm-up, then
 the measured window. No deadline header is sent; the client times out after ``--timeout-f`` /
@@ -17,6 +22,7 @@ the measured window. No deadline header is sent; the client times out after ``--
 
     python -m bench.fairness                         # defaults: 3 s warm-up + 30 s per scenario
     python -m bench.fairness --duration 6 --warmup 1 # quick check
+    python -m bench.fairness --only h                # device-time shares only
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 import secrets
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -124,7 +131,9 @@ def run_scenario(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["f", "g"], help="run one of the two benchmarks")
+    p.add_argument("--only", choices=["f", "g", "h"], help="run one of the benchmarks")
+    p.add_argument("--ms-per-row", type=float, default=10.0, help="(h): device time per row of the stand-in")
+    p.add_argument("--serve-baseline", type=int, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument("--duration", type=float, default=30.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--service-ms", type=float, default=20.0)
@@ -140,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-inflight", type=int, default=4000)
     p.add_argument("--nice", type=int, default=0)
     ns = p.parse_args(argv)
-    n_runs = (0 if ns.only == "g" else 2 + (0 if ns.no_baseline else 2)) + (
-        0 if ns.only == "f" else 2 + (0 if ns.no_baseline else 1))
+    if ns.serve_baseline is not None:  # the (h) baseline's server process (see start_sized_fastapi)
+        serve_sized_fastapi(ns.serve_baseline, ns.ms_per_row)
+        return 0
+    n_runs = (2 + (0 if ns.no_baseline else 2) if ns.only in (None, "f") else 0) + (
+        2 + (0 if ns.no_baseline else 1) if ns.only in (None, "g") else 0) + (
+        1 + (0 if ns.no_baseline else 1) if ns.only in (None, "h") else 0)
     if n_runs * (ns.warmup + ns.duration) > 3600:
         p.error("the run would take over an hour of load; shorten --duration")
 
@@ -167,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                            "args": vars(ns)}
     t0 = time.monotonic()
 
-    if ns.only != "g":
+    if ns.only in (None, "f"):
         doc["isolation"] = isolation(ns, mu, service, slo, run_dir, log_dir)
-    if ns.only != "f":
+    if ns.only in (None, "g"):
         doc["priority"] = priority(ns, mu, service, slo, run_dir, log_dir)
+    if ns.only in (None, "h"):
+        doc["device_time"] = device_time(ns, run_dir, log_dir)
 
     meta["load_average_end"] = load_average()
     doc["wall_seconds"] = time.monotonic() - t0
@@ -246,6 +261,8 @@ def priority(ns: argparse.Namespace, mu: float, service: float, slo: float, run_
         "queue": {"maxDepth": "auto", "timeoutSeconds": ns.queue_timeout},
         "priorities": {"classes": ["critical", "standard", "batch"], "default": "standard",
                        "agingSeconds": ns.aging_seconds},
+        # anonymous callers are capped at the default class unless the defaults allow more
+        "tenants": {"defaults": {"maxPriority": "critical"}},
     })
     high = Stream("high", 0.2 * mu, {PRIORITY_HEADER: "critical"}, timeout_s=ns.timeout_g)
     low = Stream("low", 3 * mu, {PRIORITY_HEADER: "batch"}, timeout_s=ns.timeout_g)
@@ -320,6 +337,197 @@ def run_plan(plan: list[tuple[str, str, list[Stream]]], ns: Any, slo: float, ser
 def _brief(s: dict[str, Any]) -> str:
     return (f"{s['offered_rps']:.1f}/s p99 {fmt(s['p99_ms'], '.1f')} ms good {fmt(s['good_share'], '.3f')} "
             f"[{fmt_codes(s['codes'])}]")
+
+
+# ---------------------------------------------------------------------------------------- (h)
+class SizedRunner:
+    """A stand-in whose device time is ``ms`` per row of the batch (sleep, then spin the last half
+    millisecond, as :class:`~sluiceway_pod.models.SyntheticRunner`); echoes INPUT0. When
+    ``SLUICEWAY_BENCH_DEVICE_FILE`` is set it keeps there (JSON) the device seconds it has spent on
+    requests of each row count: the server-side measure of who got the device."""
+
+    def __init__(self, ms: float, inputs: list[Any], outputs: list[Any], device: str) -> None:
+        import os
+        import threading
+
+        self.per_row = ms / 1000.0
+        self.inputs, self.outputs, self.device = inputs, outputs, device
+        self.file = os.environ.get("SLUICEWAY_BENCH_DEVICE_FILE")
+        self.spent: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def predict(self, requests: Sequence[Any]) -> list[Any]:
+        rows = [int(r["INPUT0"].shape[0]) for r in requests]
+        seconds = self.per_row * sum(rows)
+        end = time.perf_counter() + seconds
+        time.sleep(max(0.0, seconds - 0.0005))
+        while time.perf_counter() < end:
+            pass
+        if self.file:
+            import json
+            import os
+
+            with self._lock:
+                for n in rows:
+                    self.spent[n] = self.spent.get(n, 0.0) + self.per_row * n
+                tmp = self.file + ".tmp"
+                Path(tmp).write_text(json.dumps(self.spent))
+                os.replace(tmp, self.file)
+        return [{"OUTPUT0": r["INPUT0"].copy()} for r in requests]
+
+
+def read_spent(path: Path) -> dict[int, float]:
+    import json
+
+    try:
+        return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def sized_runner() -> SizedRunner:
+    """``model.spec: bench.fairness:sized_runner`` (ms per row from ``SLUICEWAY_BENCH_MS_PER_ROW``)."""
+    import os
+
+    from sluiceway_pod.models import TensorSpec
+
+    return SizedRunner(float(os.environ.get("SLUICEWAY_BENCH_MS_PER_ROW", "10")),
+                       [TensorSpec("INPUT0", "FP32", (-1, -1))], [TensorSpec("OUTPUT0", "FP32", (-1, -1))], "cpu")
+
+
+def serve_sized_fastapi(port: int, ms_per_row: float) -> None:
+    """The plain FastAPI baseline (:mod:`bench.baseline_fastapi`, one permit, FIFO on its semaphore)
+    computing with :class:`SizedRunner` instead of the fixed-time stand-in."""
+    import uvicorn
+
+    from . import baseline_fastapi
+
+    baseline_fastapi.SyntheticRunner = SizedRunner  # type: ignore[misc,assignment]
+    uvicorn.run(baseline_fastapi.build_app(ms_per_row), host="127.0.0.1", port=port, access_log=False,
+                log_level="warning", lifespan="off")
+
+
+def body_rows(rows: int) -> bytes:
+    import json
+
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [rows, 4], "datatype": "FP32",
+                                   "data": [1.0] * (4 * rows)}]}).encode()
+
+
+async def sized_load(url: str, streams: Sequence[tuple[str, float, int, dict[str, str]]], ns: argparse.Namespace,
+                     spent_file: Path) -> tuple[dict[str, Counter[int]], dict[int, float]]:
+    """Open-loop Poisson arrivals per (name, rate, rows, headers); returns status counts per stream
+    of the requests sent inside the measured window (after ``--warmup``; timeouts count as 0), and
+    the device seconds the server spent per row count inside the window."""
+    import asyncio
+    import random
+
+    import aiohttp
+
+    out: dict[str, Counter[int]] = {name: Counter() for name, *_ in streams}
+    timeout = aiohttp.ClientTimeout(total=ns.timeout_f)
+    conn = aiohttp.TCPConnector(limit=ns.max_inflight)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
+        start = time.monotonic()
+        end = ns.warmup + ns.duration
+
+        async def one(name: str, at: float, body: bytes, headers: dict[str, str]) -> None:
+            try:
+                async with session.post(url, data=body, headers={"content-type": "application/json", **headers}) as r:
+                    await r.read()
+                    code = r.status
+            except (TimeoutError, aiohttp.ClientError):
+                code = 0
+            if at >= ns.warmup:
+                out[name][code] += 1
+
+        async def stream(i: int, name: str, rate: float, rows: int, headers: dict[str, str]) -> None:
+            rng = random.Random(ns.seed * 7919 + i)
+            body = body_rows(rows)
+            tasks = []
+            at = rng.expovariate(rate)
+            while at < end:
+                delay = start + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(name, at, body, headers)))
+                at += rng.expovariate(rate)
+            await asyncio.gather(*tasks)
+
+        spent: list[dict[int, float]] = []
+
+        async def snapshots() -> None:
+            for at in (ns.warmup, end):
+                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+                spent.append(read_spent(spent_file))
+
+        await asyncio.gather(snapshots(), *(stream(i, *s) for i, s in enumerate(streams)))
+    window = {n: spent[1].get(n, 0.0) - spent[0].get(n, 0.0) for n in spent[1]}
+    return out, window
+
+
+def device_time(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dict[str, Any]:
+    import asyncio
+    import os
+
+    from .servers import SERVER_CORE as CORE
+    from .servers import ServerProc, _env, _spawn, free_port
+
+    per_row = ns.ms_per_row / 1000.0
+    rate = 0.6 / per_row
+    keys = write_keys(run_dir, ["big", "small"])
+    cfg = write_config(run_dir, "device-time", {
+        "model": {"spec": "bench.fairness:sized_runner", "warmupIterations": 1},
+        "server": {"logLevel": "warning"},
+        "concurrency": {"permits": 1},
+        "queue": {"maxDepth": 40, "timeoutSeconds": 10},
+        "tenants": {
+            "keysFile": str(run_dir / "keys.txt"),
+            "tenants": [{"name": "big", "maxQueued": 20}, {"name": "small", "maxQueued": 20}],
+        },
+    })
+    streams = [("big", rate, 4, {"Authorization": f"Bearer {keys['big']}"}),
+               ("small", rate, 1, {"Authorization": f"Bearer {keys['small']}"})]
+    core = CORE if client_pinned() else None
+    os.environ["SLUICEWAY_BENCH_MS_PER_ROW"] = f"{ns.ms_per_row:g}"  # inherited by the pod (servers._env)
+    runs: dict[str, Any] = {}
+    plan = ["sluiceway"] + ([] if ns.no_baseline else ["fastapi"])
+    for server in plan:
+        spent_file = run_dir / f"device-{server}.json"
+        os.environ["SLUICEWAY_BENCH_DEVICE_FILE"] = str(spent_file)
+        if server == "sluiceway":
+            srv = start_pod(log_dir, config_file=cfg, core=core)
+        else:
+            port = free_port()
+            argv = [sys.executable, "-m", "bench.fairness", "--serve-baseline", str(port),
+                    "--ms-per-row", f"{ns.ms_per_row:g}"]
+            proc, log = _spawn("fastapi-sized", argv, log_dir, core, _env())
+            srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+            srv.wait_ready()
+        try:
+            counts, spent = asyncio.run(sized_load(srv.infer_url, streams, ns, spent_file))
+        finally:
+            rc = srv.stop()
+        dev = {name: spent.get(rows, 0.0) for name, _, rows, _ in streams}  # server-side device seconds
+        total = sum(dev.values())
+        runs[server] = {"codes": {k: dict(v) for k, v in counts.items()}, "device_s": dev,
+                        "device_share": {k: (v / total if total else None) for k, v in dev.items()},
+                        "server_exit": rc, "log": str(srv.log_path)}
+        print(f"  {server}: " + "; ".join(
+            f"{k} {counts[k][200]} ok, device {dev[k]:.2f} s" for k in dev), flush=True)
+    print(f"\n## (h) device-time shares: big 4-row requests, small 1-row, each {rate:g}/s Poisson, "
+          f"{ns.ms_per_row:g} ms a row (big offers {rate * 4 * per_row:.1f}, small {rate * per_row:.1f} of the "
+          f"device), one permit, equal weights; device seconds the server spent on each tenant's requests in "
+          f"the {ns.duration:g} s window (answered or not: the baseline computes requests whose client gave up)")
+    rows_out = []
+    for server, r in runs.items():
+        for name, _, rows, _ in streams:
+            c = r["codes"][name]
+            rows_out.append([server, name, str(rows), str(c.get(200, 0)), fmt(r["device_s"][name], ".2f"),
+                             fmt(r["device_share"][name], ".3f"), fmt_codes({str(k): v for k, v in c.items()})])
+    print(table(["server", "tenant", "rows", "2xx", "device s", "device share", "codes"], rows_out))
+    print()
+    return {"config": str(cfg), "ms_per_row": ns.ms_per_row, "rate": rate, "runs": runs}
 
 
 if __name__ == "__main__":

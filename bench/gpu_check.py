@@ -274,7 +274,7 @@ def check_shape(launch: Launcher, plan: Plan, rows: list[list[str]], doc: dict[s
     side = 64 if plan.quick or plan.device == "cpu" else 1024
     channels = max(4, plan.total // (20 * side * side * 4))  # about total/20 per largest request
     env = {"GC_CHANNELS": str(channels), "GC_SIM_TOTAL": str(plan.total), "GC_STEPS": "10", "GC_STEP_MS": "5"}
-    n, clients = (24, 12) if plan.quick else (96, 48)
+    n, clients = (48, 32) if plan.quick else (96, 48)  # clients x total/20 > total: must not all run
     x = np.random.default_rng(1).random((1, 3, side, side), dtype=np.float32)
     bodies = [binary_body(x)]
     out: dict[str, Any] = {"side": side, "channels": channels}

@@ -56,16 +56,16 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.srv, self.period = srv, 1.0 / hz
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.t0 = time.monotonic()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.samples.append((time.monotonic() - self.t0, tree_rss(self.srv.proc.pid)))
-            self._stop.wait(self.period)
+            self._halt.wait(self.period)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(5)
 
 

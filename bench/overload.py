@@ -92,6 +92,7 @@ def summarize(res: RunResult, mu: float, deadline: float) -> dict[str, Any]:
         "late_2xx": len(late),
         "ok_p50_ms": _ms(percentile(lat_ok, 50)),
         "ok_p99_ms": _ms(percentile(lat_ok, 99)),
+        "ok_quantiles_ms": [_ms(percentile(lat_ok, q)) for q in range(1, 100)] if lat_ok else [],
         "rejected": len(rej),
         "reject_p50_ms": _ms(percentile(rej, 50)),
         "reject_p99_ms": _ms(percentile(rej, 99)),
@@ -279,8 +280,45 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "overload", "meta": meta, "client": client, "mu": mu_info, "args": vars(ns),
            "servers": servers, "ks": ks, "points": points, "ratios": rat, "wall_seconds": wall}
     path = save_results("overload", doc)
-    print(f"# results: {path}")
+    png = plot(doc, path.with_suffix(".png"))
+    print(f"# results: {path}" + (f", plot: {png}" if png else ""))
     return 0
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    """Goodput/mu vs offered load per server, and the CDF of 2xx latency at the lowest k (at the
+    highest, the peers answer nothing within the deadline)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    kmax, kmin = max(doc["ks"]), min(doc["ks"])
+    for server in doc["servers"]:
+        pts = sorted((pt["k"], pt["summary"]["goodput_over_mu"]) for pt in doc["points"]
+                     if pt["server"] == server and pt["rep"] == 0)
+        axes[0].plot([k for k, _ in pts], [g for _, g in pts], "o-", label=server)
+        top = [pt for pt in doc["points"] if pt["server"] == server and pt["k"] == kmin and pt["rep"] == 0]
+        qs = top[0]["summary"].get("ok_quantiles_ms") if top else None
+        if qs:
+            axes[1].plot(qs, [q / 100 for q in range(1, 100)], label=server)
+    axes[0].plot([min(doc["ks"]), kmax], [1, 1], ":", color="gray", label="ideal min(k,1)")
+    axes[0].set_xlabel("offered load k (x mu)")
+    axes[0].set_ylabel("goodput / mu (2xx within the deadline)")
+    axes[0].set_title("goodput vs offered load")
+    axes[1].set_xlabel("latency of 2xx answers (ms)")
+    axes[1].set_ylabel("CDF")
+    axes[1].set_title(f"2xx latency CDF at k = {kmin:g}")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ Concurrency model: none, a single-threaded discrete-event loop: the next event (
 service, or the core's next deadline) moves the clock; after each one the core expires what is due
 and dispatches while a permit is free.
 
+(h) Device-time shares: 4-row against 1-row requests at the same rate, each tenant alone wanting
+    more than half the device; the pod's split of device time against FIFO's.
+
     python -m bench.sched_sim                 # 120 s of simulated time per scenario, < 10 s wall
 """
 
@@ -45,6 +48,7 @@ class SimStream:
     tenant: str
     priority: str = "standard"
     prelimit: tuple[float, int] | None = None  # a token bucket (rate, burst) applied before the pod
+    rows: int = 1  # rows per request: with ``per_row`` its device time is rows x per_row
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Outcome:
     waits: list[float] = field(default_factory=list)
     refused: Counter[str] = field(default_factory=Counter)
     offered: int = 0
+    device: float = 0.0  # device seconds of its dispatched requests
 
 
 def simulate(
@@ -64,6 +69,7 @@ def simulate(
     max_depth: int,
     queue_timeout: float = 5.0,
     aging: float = 1.0,
+    per_row: float | None = None,
 ) -> dict[str, Outcome]:
     """Run the pod's admission core for ``horizon`` simulated seconds; one :class:`Outcome` per stream."""
     clock = ManualClock()
@@ -71,7 +77,8 @@ def simulate(
     core: AdmissionCore[str] = AdmissionCore(
         AdmissionSettings(permits=1, max_depth=max_depth, queue_timeout=queue_timeout,
                           num_classes=len(CLASSES), aging_seconds=aging, initial_service_time=service),
-        clock, take_token=registry.take_token)
+        clock, take_token=registry.take_token, rows_of=lambda name: rows[name])
+    rows = {s.name: s.rows for s in streams}
     out = {s.name: Outcome() for s in streams}
     arrivals: list[tuple[float, int]] = []
     for i, s in enumerate(streams):
@@ -81,7 +88,7 @@ def simulate(
             arrivals.append((t, i))
             t += rng.expovariate(s.rate)
     heapq.heapify(arrivals)
-    running: list[tuple[float, int, Batch[str]]] = []  # (end time, id, batch)
+    running: list[tuple[float, int, Batch[str], float]] = []  # (end time, id, batch, device seconds)
     enq: dict[int, float] = {}
     pre = {i: TokenBucket(s.prelimit[0], s.prelimit[1], clock) for i, s in enumerate(streams) if s.prelimit}
 
@@ -100,7 +107,8 @@ def simulate(
             break
         clock.advance(max(0.0, now - clock.now()))
         if t_end == now:
-            core.finish(heapq.heappop(running)[2], service)
+            _, _, done, took = heapq.heappop(running)
+            core.finish(done, took)
         elif t_arr == now:
             _, i = heapq.heappop(arrivals)
             s = streams[i]
@@ -116,10 +124,44 @@ def simulate(
                 out[s.name].refused[e.reason] += 1
         core.expire()
         while (started := core.next_batch()) is not None:
+            took = service if per_row is None else per_row * sum(rows[tk.payload] for tk in started.tickets)
             for tk in started.tickets:
                 out[tk.payload].waits.append(clock.now() - enq.pop(tk.id))
-            heapq.heappush(running, (clock.now() + service, id(started), started))
+                out[tk.payload].device += took * rows[tk.payload] / sum(rows[x.payload] for x in started.tickets)
+            heapq.heappush(running, (clock.now() + took, id(started), started, took))
     return out
+
+
+def device_time(ns: argparse.Namespace, hz: float, seed: int, q: int) -> dict[str, Any]:
+    """(h) Unequal request sizes: *big* sends 4-row requests, *small* 1-row ones, at the same request
+    rate; each alone wants more than half the device. Fair share by device time gives each half of
+    the device; counting requests (or FIFO) gives *big* 4/5 of it."""
+    per_row = ns.service_ms / 1000.0 / 2  # 10 ms a row by default: big 40 ms, small 10 ms
+    rate = 0.6 / per_row  # small alone: 0.6 of the device; big: 2.4
+    tenants = {"tenants": [{"name": "big", "maxQueued": q // 2}, {"name": "small", "maxQueued": q // 2}]}
+    big, small = SimStream("big", rate, "big", rows=4), SimStream("small", rate, "small", rows=1)
+    res = {
+        "pod (device-time fair share)": simulate([big, small], tenants, service=per_row, horizon=hz, seed=seed,
+                                                 max_depth=q, per_row=per_row),
+        "FIFO reference (one tenant)": simulate(
+            [SimStream("big", rate, "shared", rows=4), SimStream("small", rate, "shared", rows=1)],
+            {"tenants": [{"name": "shared"}]}, service=per_row, horizon=hz, seed=seed, max_depth=q,
+            per_row=per_row),
+    }
+    print(f"\n## (h) device-time shares: big sends 4-row requests, small 1-row ones, each {rate:g}/s "
+          f"({per_row * 1000:g} ms a row: big offers {rate * 4 * per_row:.1f}, small {rate * per_row:.1f} of the "
+          f"device), equal weights, one permit, queue bound {q} ({q // 2} per tenant in the pod)")
+    rows_out = []
+    doc: dict[str, Any] = {}
+    for name, r in res.items():
+        total = sum(o.device for o in r.values())
+        for sn, o in r.items():
+            rows_out.append([name, sn, f"{o.offered / hz:.1f}", str(len(o.waits)), f"{o.device:.2f}",
+                             f"{o.device / total:.3f}" if total else "-"])
+        doc[name] = {sn: {**summary(o), "device_s": o.device, "device_share": o.device / total if total else None}
+                     for sn, o in r.items()}
+    print(table(["scheduler", "tenant", "offered/s", "served", "device s", "device share"], rows_out))
+    return doc
 
 
 def row(scenario: str, name: str, o: Outcome, service: float, horizon: float) -> list[str]:
@@ -194,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
     high = SimStream("high", 0.2 * mu, "anonymous", "critical")
     low = SimStream("low", 3 * mu, "anonymous", "batch")
-    anon: dict[str, Any] = {"tenants": []}
+    anon: dict[str, Any] = {"tenants": [], "defaults": {"maxPriority": "critical"}}  # anonymous may use critical
     pri = {
         "high alone": simulate([high], anon, service=s, horizon=hz, seed=seed, max_depth=q, queue_timeout=10,
                                aging=ns.aging_seconds),
@@ -217,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
           f"K*A + (ceil(Q/N)+1)*S = {bound * 1000:.0f} ms")
     doc["priority"] = {n: {k: summary(o) for k, o in r.items()} for n, r in pri.items()}
     doc["aging_bound_s"] = bound
+    doc["device_time"] = device_time(ns, hz, seed, q)
     print(f"# results: {save_results('sched-sim', doc)}")
     return 0
 

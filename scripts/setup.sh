@@ -19,4 +19,7 @@ python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "control plane: $(tools/build-kube.sh)"
   echo "helm: $(tools/build-helm.sh)"
+  echo "KEDA: $(tools/build-keda.sh)"
+  # The sandbox's Prometheus: Debian's lacks kubernetes_sd_configs (the scaler tests keep Debian's).
+  echo "prometheus (sandbox): $(tools/build-prometheus.sh)"
 fi

@@ -102,9 +102,13 @@ class ServerConfig(_Model):
 class ConcurrencyConfig(_Model):
     """GPU permits: how many requests (or batches) may run on the device at once.
 
-    ``auto`` measures peak memory per request during warm-up and uses
-    ``floor((free - memoryReserveBytes) / peak * safetyFactor)``, at least 1. On CPU, ``auto``
-    falls back to ``cpuDefault``.
+    ``auto`` measures the peak memory of one batch (at the inputs' ``maxShape``) during warm-up:
+    the memory bound is ``floor((free - memoryReserveBytes) * safetyFactor / peak)``, at least 1.
+    A closed-loop probe at 1, 2, 4, ... permits up to that bound (``probeSeconds``) then picks the
+    smallest count reaching ``probeShare`` of the best throughput; with ``adaptive`` the running pod
+    keeps moving it (shrinks when measured peaks rise or on OOM, grows back one permit per
+    ``adaptiveIntervalSeconds`` while there is room; a TCP-Vegas check on batch latency), never above
+    the memory bound. Without a device memory probe (CPU), ``auto`` is ``cpuDefault``.
     """
 
     permits: int | Auto = Field(default="auto")

@@ -269,6 +269,11 @@ class AdmissionCore(Generic[P]):
             return None
         return best
 
+    def has_room(self, rank: int, tenant: Tenant) -> bool:
+        """Whether a request of class ``rank`` would find a place in the queue now: room, or a
+        queued request it may displace."""
+        return self.depth < self.settings.max_depth or self._displaceable(rank, tenant, self.clock.now()) is not None
+
     def retry_after(self) -> float:
         """Time to work off the current backlog: depth * S / permits (at least one service time)."""
         per_round = self.limit * max(1, self.settings.max_batch_size)

@@ -312,14 +312,14 @@ class DataPlane:
     # ------------------------------------------------------------------ inference
     def refuse(self, err: SluicewayError) -> Response:
         """An answer decided by the transport before the data plane saw the request (413, 499)."""
-        self.metrics.rejected.labels(self.model_name, OTHER, self.config.priorities.default, err.reason).inc()
+        self.metrics.child(self.metrics.rejected, OTHER, self.config.priorities.default, err.reason).inc()
         resp = error_response(err)
         self.metrics.answered(OTHER, self.config.priorities.default, resp.status)
         return resp
 
     def _refused(self, err: SluicewayError, tenant: Tenant | None, priority: str, *, counted: bool = False) -> Response:
         if not counted:
-            self.metrics.rejected.labels(self.model_name, tenant.label if tenant else OTHER, priority, err.reason).inc()
+            self.metrics.child(self.metrics.rejected, tenant.label if tenant else OTHER, priority, err.reason).inc()
         resp = error_response(err)
         self.metrics.answered(tenant.label if tenant else OTHER, priority, resp.status)
         return resp
@@ -354,11 +354,7 @@ class DataPlane:
             core.precheck(tenant, rank, priority)  # counts its own refusals
         except SluicewayError as e:
             return self._refused(e, tenant, priority, counted=True)
-        if (
-            not self.config.degradation.enabled
-            and core.depth >= core.settings.max_depth
-            and rank >= core.settings.num_classes - 1  # the lowest class can displace nobody
-        ):
+        if not self.config.degradation.enabled and not core.has_room(rank, tenant):  # no room, nobody to displace
             full = QueueFull(f"queue full ({core.depth} waiting)", retry_after=core.retry_after())
             return self._refused(full, tenant, priority)
         return Admitted(tenant, rank, priority, budget)
@@ -406,15 +402,14 @@ class DataPlane:
                 req = decode_request(body, headers.get(HEADER_LEN), self.runner.inputs)
             check_outputs(req, self.runner.outputs)
         except SluicewayError as e:
-            self.metrics.rejected.labels(self.model_name, tenant.label, priority, e.reason).inc()
+            self.metrics.child(self.metrics.rejected, tenant.label, priority, e.reason).inc()
             return error_response(e)
 
         core, disp = self.core, self.dispatcher
         try:
             deg = self.config.degradation
             if deg.enabled and (
-                core.predicted_wait(rank, tenant) > deg.wait_threshold_seconds
-                or core.depth >= core.settings.max_depth
+                core.predicted_wait(rank, tenant) > deg.wait_threshold_seconds or not core.has_room(rank, tenant)
             ):
                 core.precheck(tenant, rank, priority, check_rate=False)
                 return await self._degrade(req, tenant, priority)
@@ -502,7 +497,7 @@ class DataPlane:
             "no degraded answer is available",
             retry_after=self.core.retry_after(),
         )
-        self.metrics.rejected.labels(self.model_name, tenant.label, priority, err.reason).inc()
+        self.metrics.child(self.metrics.rejected, tenant.label, priority, err.reason).inc()
         return error_response(err)
 
 

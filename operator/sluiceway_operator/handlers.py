@@ -60,8 +60,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
         pool = ThreadPoolExecutor(max_workers=LOOP_WORKERS, thread_name_prefix="sluiceway-loop")
         holder["pool"] = pool
         holder["tickers"] = [
-            Ticker("drift", config.drift_interval, tracker, rec.apply_children, pool),
-            Ticker("signals", config.signals_interval, tracker, rec.refresh_signals, pool),
+            Ticker("drift", config.drift_interval, tracker, rec.drift_tick, pool),
+            Ticker("signals", config.signals_interval, tracker, rec.signals_tick, pool),
         ]
         for t in holder["tickers"]:
             t.start()

@@ -1,10 +1,9 @@
 """The only module that talks to the Kubernetes API.
 
-Blocking calls through the official ``kubernetes`` client (urllib3 pool, thread-safe). The kopf
-handlers that use it are sync, so kopf runs them in its thread pool: several InferenceServices may
-be reconciled at once in different threads, but kopf never runs two handlers of the *same* object
-concurrently for changes (the drift timer may overlap a change handler; both only issue idempotent
-server-side applies, so the last one wins with identical content).
+Blocking calls through the official ``kubernetes`` client (urllib3 pool, thread-safe); one
+:class:`Kube` is shared by kopf's handler threads and the loops' worker threads. The only state here
+is the CRD-existence cache, guarded by a lock; serialising the work on one InferenceService is the
+caller's job (:mod:`.reconcile`).
 
 Writes are server-side applies under the fixed field manager ``sluiceway-operator`` with
 ``force=true``: the operator owns exactly the fields it renders and nothing else. The Deployment's

@@ -44,6 +44,7 @@ from sluiceway_core.policy import (
 from sluiceway_core.signals import Queries
 from sluiceway_core.units import parse_duration
 
+from . import GROUP, KIND, VERSION
 from .kube import (
     KEDA_CRD,
     REPLICAS_MANAGER,
@@ -134,6 +135,27 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         with self._states_lock:
             self._states.pop(uid, None)
+
+    # -- the loops' entry points ----------------------------------------------------------------
+
+    def _current(self, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The object as the API server has it now (a watch may lag, e.g. after an API-server
+        restart); None if it is gone, replaced (another uid) or being deleted."""
+        meta = body["metadata"]
+        obj = self.kube.get(f"{GROUP}/{VERSION}", KIND, meta["namespace"], meta["name"])
+        if obj is None or obj["metadata"].get("uid") != meta["uid"] or obj["metadata"].get("deletionTimestamp"):
+            return None
+        return obj
+
+    def drift_tick(self, body: Mapping[str, Any]) -> ApplyOutcome | None:
+        """The drift loop: the spec path on the object's current state (repairs drift)."""
+        current = self._current(body)
+        return self.apply_children(current) if current is not None else None
+
+    def signals_tick(self, body: Mapping[str, Any]) -> SignalsOutcome | None:
+        """The signals loop: :meth:`refresh_signals` on the object's current state."""
+        current = self._current(body)
+        return self.refresh_signals(current) if current is not None else None
 
     # -- the spec path --------------------------------------------------------------------------
 

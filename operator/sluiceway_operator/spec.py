@@ -17,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic.alias_generators import to_camel
 from sluiceway_core.units import UnitError, parse_duration
 
+from .affinity import check_affinity
+
 __all__ = ["InferenceServiceSpec", "SpecError", "parse_spec"]
 
 # The API server's own grammars (k8s.io/apimachinery/pkg/util/validation), so that nothing the
@@ -169,7 +171,7 @@ class Toleration(_Model):
 class PlacementSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] | None = Field(default=None, max_length=64)
     tolerations: list[Toleration] | None = Field(default=None, max_length=32)
-    affinity: dict[str, Any] | None = None
+    affinity: Annotated[dict[str, Any], AfterValidator(check_affinity)] | None = None
     priority_class_name: SubdomainName | None = None
     runtime_class_name: SubdomainName | None = None
 

@@ -14,11 +14,13 @@ small readers (:class:`PromReader`, :func:`read_replicas`).
 
 from __future__ import annotations
 
+import argparse
 import base64
 import bisect
 import dataclasses
 import json
 import math
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -49,6 +51,7 @@ __all__ = [
     "Ramp",
     "Sample",
     "build_report",
+    "main",
     "render_table",
     "run_demo",
     "write_plot",
@@ -295,7 +298,8 @@ def run_demo(
     ready_timeout: float = 240.0,
     progress: Callable[[str], None] = print,
 ) -> DemoReport:
-    """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test);
+    """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test) and
+    stays up (only the sample's InferenceService is deleted at the end unless ``keep``);
     ``keep``: leave the sandbox and the InferenceService running; ``live=False``: one line per
     5 s instead of the rich display. Returns the report (also printed and written as JSON)."""
     from . import lifecycle
@@ -342,11 +346,24 @@ def run_demo(
             progress(f"  {line}")
         return report
     finally:
-        if not keep:
+        if keep:
+            progress(f"demo: left running. KUBECONFIG={layout.kubeconfig}")
+        elif up:
             progress("demo: tearing the sandbox down (use --keep to leave it running)")
             lifecycle.down(layout, progress)
-        else:
-            progress(f"demo: left running. KUBECONFIG={layout.kubeconfig}")
+        else:  # the sandbox was up before the demo: leave it, remove only the sample's service
+            _delete_sample(layout, sample, progress)
+
+
+def _delete_sample(layout: Layout, sample: Path, progress: Callable[[str], None]) -> None:
+    from .kubeclient import Kube
+
+    _, isvc = _load_sample(sample)
+    try:
+        Kube.as_identity(layout, "admin").delete_object(isvc)
+        progress(f"demo: deleted {isvc['metadata']['namespace']}/{isvc['metadata']['name']}")
+    except Exception as err:  # best effort on the way out; say what was left
+        progress(f"demo: could not delete the sample InferenceService: {err}")
 
 
 def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[Outcome], prom: PromReader,
@@ -404,3 +421,47 @@ def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[O
                          + f" | replicas {s.desired}/{s.ready} | depth {_fmt(s.queue_depth)}")
             next_at += 1.0
     return samples
+
+
+def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Bring the sandbox up, apply samples/sandbox-demo.yaml, run an open-loop ramp "
+        "(0.5x, 1x, 3x one replica's capacity, then off) with a live display, print a report, write "
+        "a PNG, and tear everything down (unless --keep).",
+    )
+    p.add_argument("--keep", action="store_true", help="leave the sandbox and the sample running")
+    p.add_argument("--state-dir", help="sandbox state directory (default $SLUICEWAY_SANDBOX_DIR or "
+                   "~/.cache/sluiceway/sandbox)")
+    p.add_argument("--out-dir", type=Path, default=Path.cwd(), help="where sluiceway-demo.png/.json go")
+    p.add_argument("--short", action="store_true", help="a ~1.5 minute ramp instead of 3 minutes")
+    for phase, default in (("below", Ramp.below), ("at", Ramp.at), ("over", Ramp.over), ("off", Ramp.off)):
+        p.add_argument(f"--{phase}", type=float, help=f"seconds of the '{phase}' phase (default {default:g})")
+    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
+    p.add_argument("--no-build", action="store_true", help="fail instead of building missing Go binaries")
+    p.add_argument("--already-up", action="store_true", help="use the running sandbox (do not run `up`)")
+    p.add_argument("--seed", type=int, default=1)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "sluiceway demo") -> int:
+    """Exit 0 when the run answered no 5xx other than 503/504 and every 503/504 named a reason."""
+    ns = parser(prog).parse_args(argv)
+    from .layout import layout_for
+
+    base = Ramp.short() if ns.short else Ramp()
+    changes = {k: getattr(ns, k) for k in ("below", "at", "over", "off") if getattr(ns, k) is not None}
+    if any(v <= 0 or v > 3600 for v in changes.values()):
+        print("sluiceway demo: phase durations must be within (0, 3600] seconds", file=sys.stderr)
+        return 2
+    ramp = dataclasses.replace(base, **changes)
+    try:
+        report = run_demo(layout_for(ns.state_dir), ramp=ramp, keep=ns.keep, up=not ns.already_up,
+                          build=not ns.no_build, out_dir=ns.out_dir, live=not ns.no_live, seed=ns.seed)
+    except KeyboardInterrupt:
+        print("sluiceway demo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # the message names the step (SandboxError, KubeError, KedaError, ...)
+        print(f"sluiceway demo: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0 if report.unexpected_5xx == 0 and report.shed_without_reason == 0 else 1

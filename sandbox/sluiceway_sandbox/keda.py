@@ -283,30 +283,37 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def operator_args(log_level: str = "info") -> list[str]:
+def operator_args(cert_dir: str = CERT_DIR, host: str = "", *, grpc_port: int = GRPC_PORT,
+                  metrics_port: int = OPERATOR_METRICS_PORT, health_port: int = OPERATOR_HEALTH_PORT,
+                  log_level: str = "info") -> list[str]:
+    """keda-operator's arguments (in a pod: every listener on the pod's address, ``host`` empty)."""
     return [
         "--leader-elect=false",
         f"--zap-log-level={log_level}",
         "--zap-encoder=console",
         "--zap-time-encoding=rfc3339",
         "--enable-cert-rotation=false",  # the sandbox issues the certificates (Secret kedaorg-certs)
-        f"--cert-dir={CERT_DIR}",
-        f"--metrics-bind-address=:{OPERATOR_METRICS_PORT}",
-        f"--health-probe-bind-address=:{OPERATOR_HEALTH_PORT}",
-        f"--metrics-service-bind-address=:{GRPC_PORT}",
+        f"--cert-dir={cert_dir}",
+        f"--metrics-bind-address={host}:{metrics_port}",
+        f"--health-probe-bind-address={host}:{health_port}",
+        f"--metrics-service-bind-address={host}:{grpc_port}",
     ]
 
 
-def adapter_args(cluster_domain: str = "cluster.local", log_level: str = "error") -> list[str]:
+def adapter_args(cert_dir: str = CERT_DIR, cluster_domain: str = "cluster.local", *,
+                 metrics_service_address: str | None = None, secure_port: int = ADAPTER_SECURE_PORT,
+                 metrics_port: int = ADAPTER_METRICS_PORT, log_level: str = "error") -> list[str]:
+    """keda-adapter's arguments; it reaches the operator's gRPC service by its Service DNS name."""
+    grpc = metrics_service_address or f"{OPERATOR_NAME}.{NAMESPACE}.svc.{cluster_domain}:{GRPC_PORT}"
     return [
-        f"--secure-port={ADAPTER_SECURE_PORT}",
-        f"--port={ADAPTER_METRICS_PORT}",
+        f"--secure-port={secure_port}",
+        f"--port={metrics_port}",
         f"--zap-log-level={log_level}",
-        f"--client-ca-file={CERT_DIR}/ca.crt",
-        f"--tls-cert-file={CERT_DIR}/tls.crt",
-        f"--tls-private-key-file={CERT_DIR}/tls.key",
-        f"--cert-dir={CERT_DIR}",  # also where the adapter's gRPC client finds its mTLS files
-        f"--metrics-service-address={OPERATOR_NAME}.{NAMESPACE}.svc.{cluster_domain}:{GRPC_PORT}",
+        f"--client-ca-file={cert_dir}/ca.crt",
+        f"--tls-cert-file={cert_dir}/tls.crt",
+        f"--tls-private-key-file={cert_dir}/tls.key",
+        f"--cert-dir={cert_dir}",  # also where the adapter's gRPC client finds its mTLS files
+        f"--metrics-service-address={grpc}",
     ]
 
 
@@ -338,7 +345,7 @@ def build_keda_manifests(
         {"httpGet": {"path": "/readyz", "port": OPERATOR_HEALTH_PORT}},
     )
     adapter = _deployment(
-        ADAPTER_NAME, img[KEDA_ADAPTER_IMAGE], "/keda-adapter", adapter_args(cluster_domain),
+        ADAPTER_NAME, img[KEDA_ADAPTER_IMAGE], "/keda-adapter", adapter_args(CERT_DIR, cluster_domain),
         [
             {"name": "https", "containerPort": ADAPTER_SECURE_PORT, "protocol": "TCP"},
             {"name": "http", "containerPort": ADAPTER_METRICS_PORT, "protocol": "TCP"},

@@ -266,7 +266,10 @@ class EndpointWatcher:
                 {"labelSelector": f"{SERVICE_NAME_LABEL}={self.service}"},
             )
             eps = ready_endpoints(doc.get("items") or [], self.port_name)
-        except LoadgenError:
+        except LoadgenError as err:  # an address outside the sandbox: send nowhere, say why
+            self.last_error = str(err)
+            with self._lock:
+                self._endpoints = []
             raise
         except Exception as err:  # an API hiccup must not stop the load; keep the last list
             self.last_error = f"{type(err).__name__}: {err}"
@@ -281,7 +284,8 @@ class EndpointWatcher:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.refresh):
-            self.poll()
+            with contextlib.suppress(LoadgenError):  # recorded in last_error; endpoints emptied
+                self.poll()
 
     def __enter__(self) -> EndpointWatcher:
         self.poll()

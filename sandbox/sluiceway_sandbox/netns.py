@@ -142,6 +142,17 @@ def ip_for_index(layout: Layout, index: int) -> str:
     return str(addr)
 
 
+def index_of_ip(layout: Layout, ip: str) -> int | None:
+    """Inverse of :func:`ip_for_index`; None for an address outside the pod range."""
+    net = ipaddress.ip_network(layout.pod_cidr)
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    index = int(addr) - int(net.network_address) - 257
+    return index if addr in net and index >= 0 else None
+
+
 def pod_network_up(layout: Layout, pod_uid: str, ip: str) -> str:
     """Create the pod's namespace, veth to the bridge, address and default route. Returns the netns."""
     ns = netns_name(pod_uid)

@@ -25,7 +25,7 @@ from kubetools import (
     run_operator,
     wait_for,
 )
-from operator_support import load_crd
+from operator_support import case_names, load_case, load_crd
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.kube import ApiError, Kube
 
@@ -213,6 +213,14 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         admin.create(_path(), _isvc("bad", **spec), dry_run=True)
     assert info.value.status == 422
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("case", case_names())
+def test_every_example_case_passes_the_crd(admin: Admin, case: str) -> None:
+    """The stricter schema still accepts every example (nodeSelector, tolerations, PVC, ...)."""
+    cr = load_case(case)
+    spec = cr["spec"]
+    admin.create(_path(), _isvc("case-" + case, **{k: v for k, v in spec.items()}), dry_run=True)
 
 
 def test_name_must_be_a_dns_label(admin: Admin) -> None:

@@ -138,6 +138,39 @@ def test_cross_field_errors_name_the_field(patch: dict[str, Any], message: str) 
         ({"model": {"image": "i", "format": "torchscript", "source": "model.pt"}}, "does not match format"),
         ({"autoscaling": {"minReplicas": 0}}, "minReplicas must be at least 1"),
         ({"priorities": {"classes": ["a" * 33], "default": "a" * 33}}, "priorities.classes"),
+        (
+            {
+                "placement": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In"}]}]
+                            }
+                        }
+                    }
+                }
+            },
+            "operator In needs values",
+        ),
+        ({"placement": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity: Extra inputs"),
+        (
+            {"placement": {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}}},
+            "topologyKey",
+        ),
+        (
+            {
+                "placement": {
+                    "affinity": {
+                        "podAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {"weight": 101, "podAffinityTerm": {"topologyKey": "zone"}}
+                            ]
+                        }
+                    }
+                }
+            },
+            "weight",
+        ),
     ],
 )
 def test_spec_refuses_what_the_api_server_or_the_pod_would(patch: dict[str, Any], message: str) -> None:

@@ -37,7 +37,8 @@ def test_gpu_check_cpu_quick(tmp_path: Path) -> None:
     shape = doc["shape"]
     unsized, sized = (shape[k] for k in shape if k not in ("side", "channels"))
     assert unsized["info"]["concurrency_memory_bound"] > sized["info"]["concurrency_memory_bound"]
-    assert sized["ooms_caught"] == 0 and sized["ok"] == 24
+    assert unsized["limit_end"] < unsized["info"]["concurrency_memory_bound"]  # real peaks pulled it down
+    assert sized["ooms_caught"] == 0 and sized["ok"] == 48
     # correctness with batching, codec ratio measured
     assert doc["correct"]["answered"] == 64 and doc["correct"]["max_rel_err"] < 1e-4
     assert doc["codec"]["binary"]["rps"] > 0 and doc["codec"]["json"]["rps"] > 0

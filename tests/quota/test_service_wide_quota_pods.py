@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 from podtools import PodProcess, free_port, infer_body, start_pod
+from promtools import PrometheusProcess, prometheus_missing
+from sluiceway_core.signals import Queries
 
 KEYS = {"heavy": "sk-heavy-0123456789", "light": "sk-light-0123456789"}
 QUOTA = 20.0  # requests/s, service-wide, for each tenant
@@ -98,19 +100,33 @@ def test_quota_holds_service_wide_with_uneven_routing_and_without_the_coordinato
     proc, url = coordinator
     cfg = pod_config(tmp_path, url)
     pods: list[PodProcess] = []
+    prom: PrometheusProcess | None = None
+    seen: dict[str, list[dict[str, Any]]] = {}
     try:
         for i in range(3):
             pods.append(start_pod(tmp_path, config=cfg, env={"POD_NAME": f"demo-{i}"}, wait_ready=False))
         for p in pods:
             wait_ready(p)
+        if prometheus_missing() is None:  # the service-wide PromQL, read from a real Prometheus
+            (tmp_path / "prom").mkdir()
+            prom = PrometheusProcess(
+                free_port(),
+                tmp_path / "prom",
+                [f"127.0.0.1:{p.metrics_port}" for p in pods],
+                {"namespace": "team-a", "inferenceservice": "demo"},
+            )
+            prom.start()
+            prom.wait_scraped()
         # every pod renews every LEASE/3: after one LEASE each has renewed since the last one joined,
         # so the shares held by the first pod (alone at first) have been handed back
         time.sleep(LEASE)
-        records = asyncio.run(load(pods, proc))
+        records = asyncio.run(load(pods, proc, prom, seen))
         fallback = [p.metric("sluiceway_quota_fallback") for p in pods]
         shares = [p.metric("sluiceway_tenant_quota_share", tenant="heavy") for p in pods]
         logs = [p.logs() for p in pods]
     finally:
+        if prom is not None:
+            prom.stop()
         for p in pods:
             p.terminate(30)
 
@@ -136,8 +152,10 @@ def test_quota_holds_service_wide_with_uneven_routing_and_without_the_coordinato
     assert down_ok <= 1.1 * down_allowed, (down_ok, down_allowed)
     # and it is not starved either: the max-min shares add up to (nearly) the whole quota
     assert up_ok >= 0.8 * up_allowed, (up_ok, up_allowed)
-    print("light refusals (send time, pod):", [(round(t, 2), pod) for t, who, pod, c in records
-                                                if who == "light" and c != 200])
+    print(
+        "light refusals (send time, pod):",
+        [(round(t, 2), pod) for t, who, pod, c in records if who == "light" and c != 200],
+    )
     # a tenant under its quota is never refused, coordinator or not
     light = count("light", (0.0, END))
     assert set(light) == {200}, light
@@ -145,6 +163,22 @@ def test_quota_holds_service_wide_with_uneven_routing_and_without_the_coordinato
     assert fallback == [1.0, 1.0, 1.0], fallback
     assert all(re.search(r"falling back to quota / 3 replicas", log) for log in logs)
     assert all(abs(s - 1 / 3) < 1e-9 for s in shares), shares
+    if prom is None:
+        pytest.skip(f"the PromQL part: {prometheus_missing()}")
+    # what the InferenceService status shows next to the spec's rate: admitted (2xx) per second by
+    # tenant, service-wide; and the pods' shares of the quota summing to (at most) one
+    admitted = {r["metric"]["tenant"]: float(r["value"][1]) for r in seen["admitted"]}
+    share_sum = {r["metric"]["tenant"]: float(r["value"][1]) for r in seen["share"]}
+    print(
+        f"Prometheus at {KILL_AT - 1:g} s: admitted/s {admitted}; quota share sums {share_sum}; "
+        f"fallback pods after the kill {seen['fallback']}"
+    )
+    assert 0.6 * QUOTA <= admitted["heavy"] <= 1.2 * QUOTA, admitted  # a 10 s rate(): a rough figure
+    assert 0.5 * 0.3 * QUOTA <= admitted["light"] <= 1.5 * 0.3 * QUOTA, admitted
+    # the pods are scraped at different moments, between renewals: the sum is of samples, not of leases
+    # in force at one instant (those never exceed 1: test_outstanding_leases_never_exceed_the_quota)
+    assert 0.9 <= share_sum["heavy"] <= 1.05, share_sum
+    assert [float(r["value"][1]) for r in seen["fallback"]] == [3.0], seen["fallback"]
 
 
 def wait_ready(p: PodProcess, timeout: float = 120) -> None:
@@ -162,7 +196,12 @@ def wait_ready(p: PodProcess, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-async def load(pods: list[PodProcess], coordinator: subprocess.Popen[bytes]) -> list[tuple[float, str, int, int]]:
+async def load(
+    pods: list[PodProcess],
+    coordinator: subprocess.Popen[bytes],
+    prom: PrometheusProcess | None,
+    seen: dict[str, list[dict[str, Any]]],
+) -> list[tuple[float, str, int, int]]:
     """Open loop: heavy at 3x its quota, light at 0.3x, both routed 70/20/10. Kills the coordinator
     (SIGKILL) at KILL_AT. Returns (send time, tenant, pod, status)."""
     out: list[tuple[float, str, int, int]] = []
@@ -195,8 +234,16 @@ async def load(pods: list[PodProcess], coordinator: subprocess.Popen[bytes]) -> 
             await asyncio.gather(*tasks)
 
         async def killer() -> None:
+            q = Queries.build("team-a", "demo", "10s")
+            await asyncio.sleep(max(0.0, start + KILL_AT - 1 - time.monotonic()))
+            if prom is not None:
+                seen["admitted"] = await asyncio.to_thread(prom.query, q.tenant_admitted_rate)
+                seen["share"] = await asyncio.to_thread(prom.query, q.tenant_quota_share)
             await asyncio.sleep(max(0.0, start + KILL_AT - time.monotonic()))
             coordinator.kill()
+            await asyncio.sleep(max(0.0, start + END - 1 - time.monotonic()))
+            if prom is not None:
+                seen["fallback"] = await asyncio.to_thread(prom.query, q.quota_fallback_pods)
 
         await asyncio.gather(stream("heavy", 3 * QUOTA), stream("light", 0.3 * QUOTA), killer())
     return out

@@ -154,3 +154,13 @@ def test_no_ready_endpoint_is_recorded_and_stop_ends_early() -> None:
     out = asyncio.run(run_load(sched, clients, lambda: [], "/v2/models/x/infer", stop=stop))
     assert out and all(o.status == NO_ENDPOINTS for o in out)
     assert max(o.t for o in out) < 5  # stopped long before the 30 s schedule ended
+
+
+def test_watcher_refuses_a_slice_outside_the_sandbox() -> None:
+    api = _Slices([_slice([("198.18.1.2", True, None)])])
+    watcher = EndpointWatcher(api, "ns", "svc")
+    assert watcher.poll() == ["198.18.1.2:8080"]
+    api.slices = [_slice([("10.1.2.3", True, None)])]
+    with pytest.raises(LoadgenError):
+        watcher.poll()
+    assert watcher.endpoints() == [] and "10.1.2.3" in watcher.last_error

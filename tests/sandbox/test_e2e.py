@@ -100,6 +100,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
     try:
         out = cli(layout, "up", "--no-build", "--timeout", "150", timeout=300)
         assert out.returncode == 0, f"sandbox up failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        print(out.stdout)
         lines = out.stdout.strip().splitlines()
         assert lines[-1] == f"KUBECONFIG={layout.kubeconfig}", lines[-5:]
         assert Path(lines[-1].split("=", 1)[1]).is_absolute()
@@ -174,8 +175,10 @@ def test_whole_loop(sandbox: Layout) -> None:
     for d in docs:
         kube.apply(d)
     keys = {s["metadata"]["name"]: s["stringData"]["key"] for s in docs if s["kind"] == "Secret" and "stringData" in s}
+    t_apply = time.monotonic()
     watcher = EndpointWatcher(kube, NS, NAME)
     wait_for(watcher.poll, 180, f"a ready endpoint of {NS}/{NAME}", lambda: summary(kube, NS))
+    print(f"first ready endpoint {time.monotonic() - t_apply:.1f}s after the CR was applied")
     first = pods(kube, NS)
     first_pids = [pid for p in first for pid in container_pids(p)]
     assert first_pids and all(proc_start_time(pid) for pid in first_pids), summary(kube, NS)

@@ -58,6 +58,7 @@ class Sim:
     violations: list[str] = field(default_factory=list)
     batches: list[list[Record]] = field(default_factory=list)
     device: dict[str, float] = field(default_factory=dict)  # device seconds consumed per tenant
+    spans: list[tuple[float, float, str, float]] = field(default_factory=list)  # (start, end, tenant, part)
 
     def __post_init__(self) -> None:
         self.core: AdmissionCore[Record] = AdmissionCore(
@@ -113,9 +114,19 @@ class Sim:
                 total_rows = sum(tk.payload.arrival.rows for tk in batch.tickets)
                 for tk in batch.tickets:
                     name = tk.payload.arrival.tenant.name
-                    self.device[name] = self.device.get(name, 0.0) + took * tk.payload.arrival.rows / total_rows
+                    part = tk.payload.arrival.rows / total_rows
+                    self.device[name] = self.device.get(name, 0.0) + took * part
+                    self.spans.append((now, now + took, name, part))
                 heapq.heappush(events, (now + took, next(seq), "complete", batch))
                 self._check()
+
+    def device_until(self, t: float) -> dict[str, float]:
+        """Device seconds each tenant had used by time ``t`` (a batch running at ``t`` counts in part)."""
+        out: dict[str, float] = {}
+        for start, end, name, part in self.spans:
+            if start < t:
+                out[name] = out.get(name, 0.0) + (min(end, t) - start) * part
+        return out
 
     def _arrive(self, a: Arrival) -> None:
         rec = Record(a)

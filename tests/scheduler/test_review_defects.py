@@ -114,3 +114,20 @@ def test_displacement_within_the_same_ceiling_still_works() -> None:
     _run, _first, second, newcomer = sim.records
     assert newcomer.refused is None
     assert second.answers[0][1] is not None and second.answers[0][1].reason == "displaced"
+
+
+def test_a_full_queue_has_room_for_a_request_that_may_displace() -> None:
+    """The degradation ladder asks the core whether a request would find a place: a critical request
+    facing a queue full of batch work does (it displaces), another batch request does not."""
+    clock = ManualClock()
+    core: AdmissionCore[int] = AdmissionCore(settings(permits=1, max_depth=2, aging_seconds=100.0), clock)
+    one = tenant("x")
+
+    def noop(_r: Any, _e: Any) -> None:
+        pass
+
+    for i in range(2):
+        core.admit(one, 2, i, noop)
+    assert core.has_room(0, one)
+    assert not core.has_room(2, one)
+    assert not core.has_room(1, tenant("anonymous", max_priority_rank=1))  # x's ceiling is higher

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..kubeclient import Kube, KubeError
 from ..layout import Layout, layout_for
-from ..netns import ip_for_index, list_netns, pod_network_down
+from ..netns import index_of_ip, ip_for_index, list_netns, pod_network_down
 from ..state import recorded, stop
 from .images import Images
 from .node import build_node, capacity, register, renew_lease
@@ -42,11 +42,17 @@ class Agent:
             release_ip=self.release_ip,
         )
 
-    def allocate_ip(self, uid: str) -> str:
+    def allocate_ip(self, uid: str, preferred: str | None = None) -> str:
+        """A free pod address; ``preferred`` (the address the Pod already reports, after an agent
+        restart) is kept when free, since a Pod's IP never changes."""
         with self.ip_lock:
             if uid not in self.ips:
                 used = set(self.ips.values())
-                self.ips[uid] = next(i for i in range(65000) if i not in used)
+                want = index_of_ip(self.layout, preferred) if preferred else None
+                if want is not None and want not in used:
+                    self.ips[uid] = want
+                else:
+                    self.ips[uid] = next(i for i in range(65000) if i not in used)
             return ip_for_index(self.layout, self.ips[uid])
 
     def release_ip(self, uid: str) -> None:

@@ -47,7 +47,7 @@ class NodeContext:
     kube: Kube
     images: Images
     allocatable: Mapping[str, str]
-    allocate_ip: Callable[[str], str]
+    allocate_ip: Callable[[str, str | None], str]
     release_ip: Callable[[str], None]
     backoff_cap: float = 20.0
 
@@ -67,6 +67,7 @@ class Container:
     ready: bool = False
     started: bool = False
     backoff_until: float = 0.0
+    probe_killed: bool = False  # killed by a failing liveness/startup probe: restart unless Never
     probes: dict[str, ProbeTracker] = field(default_factory=dict)
 
     @property
@@ -123,6 +124,7 @@ class PodWorker(threading.Thread):
         self.start_time: str | None = None
         self.transitions: dict[str, tuple[str, str]] = {}
         self.last_status: str = ""
+        self.report_retry_at = 0.0
         self.setup_error: tuple[str, str] | None = None
         self.setup_ok = False
         self.terminal = False
@@ -231,7 +233,7 @@ class PodWorker(threading.Thread):
         pod = self._snapshot()
         try:
             if self.ip is None:
-                self.ip = self.ctx.allocate_ip(self.uid)
+                self.ip = self.ctx.allocate_ip(self.uid, (pod.get("status") or {}).get("podIP"))
                 self.netns = pod_network_up(self.ctx.layout, self.uid, self.ip)
                 self.start_time = now_iso()
                 self.transitions["PodReadyToStartContainers"] = ("True", now_iso())
@@ -323,6 +325,7 @@ class PodWorker(threading.Thread):
         c.waiting = None
         c.terminated = None
         c.ready = False
+        c.probe_killed = False
         c.probes = {
             kind: ProbeTracker(c.spec[key], now)
             for kind, key in (
@@ -356,7 +359,8 @@ class PodWorker(threading.Thread):
     def _restart_allowed(self, c: Container) -> bool:
         policy = self._snapshot()["spec"].get("restartPolicy", "Always")
         code = int((c.terminated or {}).get("exitCode", 1))
-        return bool(policy == "Always" or (policy == "OnFailure" and code != 0))
+        failed = code != 0 or c.probe_killed
+        return bool(policy == "Always" or (policy == "OnFailure" and failed))
 
     def _step(self, now: float) -> None:
         # init containers first, one at a time, each to completion
@@ -425,18 +429,20 @@ class PodWorker(threading.Thread):
         grace = float(self._snapshot()["spec"].get("terminationGracePeriodSeconds", 30))
         rec = read_pid(c.pid_file) if c.pid_file else None
         code = runtime.terminate(c.proc, rec, grace)
-        self._exited(c, code, "Error")
-        policy = self._snapshot()["spec"].get("restartPolicy", "Always")
-        if policy == "Never":
-            return
-        c.backoff_until = time.monotonic()
+        self._exited(c, code)
+        c.probe_killed = True
+        if self._restart_allowed(c):
+            # a probe-killed container restarts (OnFailure included), with the crash back-off
+            delay = min(self.ctx.backoff_cap, 1.0 * 2 ** min(c.restarts, 6))
+            c.backoff_until = time.monotonic() + delay
+            c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container={c.name}")
 
     def _update_phase(self) -> None:
         cs = self.containers
         policy = self._snapshot()["spec"].get("restartPolicy", "Always")
         all_done = all(c.proc is None and c.terminated is not None for c in cs)
         if all_done and policy != "Always":
-            failed = any(c.terminated and c.terminated["exitCode"] != 0 for c in cs)
+            failed = any(c.terminated and (c.terminated["exitCode"] != 0 or c.probe_killed) for c in cs)
             if policy == "Never" or not failed:
                 self.phase = "Failed" if failed else "Succeeded"
                 self.terminal = True
@@ -497,6 +503,8 @@ class PodWorker(threading.Thread):
         text = json.dumps(st, sort_keys=True)
         if text == self.last_status and not force:
             return
+        if not force and time.monotonic() < self.report_retry_at:
+            return
         try:
             self.ctx.kube.request(
                 "PATCH", self.path + "/status", {"status": st}, content_type="application/strategic-merge-patch+json"
@@ -507,8 +515,10 @@ class PodWorker(threading.Thread):
                 self.gone.set()
             else:
                 log.warning("%s/%s: status update failed: %s", self.ns, self.pod_name, err)
+                self.report_retry_at = time.monotonic() + 2.0
         except OSError as err:
             log.warning("%s/%s: status update failed: %s", self.ns, self.pod_name, err)
+            self.report_retry_at = time.monotonic() + 2.0
 
     # --- termination -----------------------------------------------------------------------------
     def _pre_stop(self, c: Container, budget: float) -> None:
