@@ -19,7 +19,7 @@ class PrometheusError(RuntimeError):
 
 
 def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | None:
-    """Run an instant query. ``None`` when the result is empty or NaN; raises PrometheusError."""
+    """Run an instant query. ``None`` when the result is empty, NaN or infinite; raises PrometheusError."""
     url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -32,4 +32,4 @@ def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | No
     if not result:
         return None
     value = float(result[0]["value"][1])
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None  # NaN (nothing observed) and Inf (x/0) alike

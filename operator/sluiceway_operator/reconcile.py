@@ -200,6 +200,7 @@ class Reconciler:
             prometheus_url=self.config.prometheus_url,
             keda=keda,
             service_monitor=self.kube.crd_exists(SERVICE_MONITOR_CRD),
+            scaler_authentication=self.config.scaler_authentication,
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
@@ -310,6 +311,13 @@ class Reconciler:
                     "utilisation": query_scalar(prom_url, q.utilisation),
                     "memory_bound": query_scalar(prom_url, q.memory_bound) if q.memory_bound else None,
                 }
+                if spec.autoscaling.engine == "builtin":  # the policy's demand term and ready pods
+                    readings |= {
+                        "ready": query_scalar(prom_url, q.pods_up),
+                        "offered": query_scalar(prom_url, q.offered_rate),
+                        "completed": query_scalar(prom_url, q.completion_rate),
+                        "cost": query_scalar(prom_url, q.request_cost),
+                    }
             except PrometheusError as err:
                 prom_error = str(err)
             if prom_error is None and spec.autoscaling.engine == "builtin" and readings.get("queue") is None:
@@ -343,7 +351,17 @@ class Reconciler:
         current = int((deployment.get("spec") or {}).get("replicas") or 0)
         queue = readings.get("queue")
         if prom_url and prom_error is None and queue is not None:
-            signals = Signals(queue_depth=queue, wait_p95=readings.get("wait"), utilisation=readings.get("utilisation"))
+            ready, permits = readings.get("ready"), readings.get("permits")
+            signals = Signals(
+                queue_depth=queue,
+                wait_p95=readings.get("wait"),
+                utilisation=readings.get("utilisation"),
+                offered_rate=readings.get("offered"),
+                completion_rate=readings.get("completed"),
+                request_cost=readings.get("cost"),
+                permits=int(permits) if permits is not None and permits >= 1 else None,
+                ready_replicas=int(ready) if ready is not None and ready >= 0 else None,
+            )
         else:
             detail = prom_error or (
                 "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"
@@ -363,6 +381,7 @@ class Reconciler:
                 stabilization_window=parse_duration(a.scale_down.stabilization_window),
                 max_pods=a.scale_down.max_pods_per_period,
                 period=parse_duration(a.scale_down.period),
+                max_percent=float(a.scale_down.max_percent_per_period),
             ),
         )
         decision = desired_replicas(signals, scaling, current, st.scale_history or ScaleHistory(), self.clock())

@@ -101,6 +101,9 @@ class Environment:
     keda: bool = False
     #: Whether the Prometheus-operator ServiceMonitor CRD exists.
     service_monitor: bool = False
+    #: ClusterTriggerAuthentication holding KEDA's client certificate for the scaler's mutual TLS
+    #: (KEDA reads caCert/tlsClientCert/tlsClientKey only from a TriggerAuthentication).
+    scaler_authentication: str | None = None
 
 
 @dataclass(frozen=True)
@@ -498,13 +501,19 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
         },
         "scaleDown": {
             "stabilizationWindowSeconds": hpa_window,
-            "selectPolicy": "Min",
+            # the policy allowing more removal applies, as in the scaler (sluiceway_core.policy)
+            "selectPolicy": "Max",
             "policies": [
                 {
                     "type": "Pods",
                     "value": a.scale_down.max_pods_per_period,
                     "periodSeconds": _seconds(a.scale_down.period),
-                }
+                },
+                {
+                    "type": "Percent",
+                    "value": a.scale_down.max_percent_per_period,
+                    "periodSeconds": _seconds(a.scale_down.period),
+                },
             ],
         },
     }
@@ -533,11 +542,15 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "scaleUpMaxPercent": str(a.scale_up.max_percent_per_period),
             "scaleDownWindowSeconds": str(scaler_window),
             "scaleDownMaxPods": str(a.scale_down.max_pods_per_period),
+            "scaleDownMaxPercent": str(a.scale_down.max_percent_per_period),
             "scaleDownPeriodSeconds": str(_seconds(a.scale_down.period)),
         }
         if prometheus:
             metadata["prometheusAddress"] = prometheus
-        so_spec["triggers"] = [{"type": SCALER_TRIGGER_TYPE, "metricType": "AverageValue", "metadata": metadata}]
+        trigger: dict[str, Any] = {"type": SCALER_TRIGGER_TYPE, "metricType": "AverageValue", "metadata": metadata}
+        if env.scaler_authentication:
+            trigger["authenticationRef"] = {"name": env.scaler_authentication, "kind": "ClusterTriggerAuthentication"}
+        so_spec["triggers"] = [trigger]
         # Fallback needs AverageValue triggers; the external trigger is one.
         so_spec["fallback"] = {
             "failureThreshold": 3,

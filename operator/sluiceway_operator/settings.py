@@ -3,7 +3,8 @@
 Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluster-wide),
 ``SLUICEWAY_PROMETHEUS_URL``, ``SLUICEWAY_SCALER_ADDRESS``, ``SLUICEWAY_DRIFT_INTERVAL`` and
 ``SLUICEWAY_SIGNALS_INTERVAL`` (seconds),
-``SLUICEWAY_LOG_FORMAT`` (``plain`` | ``full`` | ``json``), ``SLUICEWAY_LIVENESS`` (a URL such as
+``SLUICEWAY_LOG_FORMAT`` (``plain`` | ``full`` | ``json``), ``SLUICEWAY_SCALER_AUTHENTICATION`` (the
+ClusterTriggerAuthentication KEDA uses for the scaler's mutual TLS), ``SLUICEWAY_LIVENESS`` (a URL such as
 ``http://0.0.0.0:8081/healthz``).
 """
 
@@ -32,6 +33,9 @@ class OperatorConfig:
     signals_interval: float = 15.0
     log_format: str = "plain"
     liveness: str | None = None
+    #: ClusterTriggerAuthentication that gives KEDA the scaler's TLS client certificate (chart:
+    #: ``scaler.tls.kedaClientSecret``); None when the scaler serves plaintext gRPC.
+    scaler_authentication: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -49,6 +53,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         drift_interval=float(env.get("SLUICEWAY_DRIFT_INTERVAL") or OperatorConfig.drift_interval),
         signals_interval=float(env.get("SLUICEWAY_SIGNALS_INTERVAL") or OperatorConfig.signals_interval),
         log_format=env.get("SLUICEWAY_LOG_FORMAT") or "plain",
+        scaler_authentication=env.get("SLUICEWAY_SCALER_AUTHENTICATION") or None,
         liveness=env.get("SLUICEWAY_LIVENESS") or None,
     )
 

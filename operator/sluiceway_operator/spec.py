@@ -258,6 +258,7 @@ class ScaleUpSpec(_Model):
 class ScaleDownSpec(_Model):
     stabilization_window: Duration = "300s"
     max_pods_per_period: int = Field(default=1, ge=1)
+    max_percent_per_period: int = Field(default=2, ge=1, le=100)
     period: Duration = "60s"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import GOLDEN, TEST_KEYS, case_names, load_case
+from operator_support import CASES, GOLDEN, TEST_KEYS, case_names, load_case
 from sluiceway_core.config import PodConfig
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.render import CONFIG_HASH_ANNOTATION, Environment, Owner, render
@@ -234,7 +234,12 @@ def test_scaled_object_is_fast_up_slow_down_with_fallback() -> None:
     # The spec's 10m window is held by the scaler alone: HPA 0 + scaler 600 = 600 (not 1200).
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 0
     assert so["triggers"][0]["metadata"]["scaleDownWindowSeconds"] == "600"
-    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 2, "periodSeconds": 120}]
+    assert behavior["scaleDown"]["policies"] == [
+        {"type": "Pods", "value": 2, "periodSeconds": 120},
+        {"type": "Percent", "value": 2, "periodSeconds": 120},  # the CRD default, chosen with bench/scalesim
+    ]
+    assert behavior["scaleDown"]["selectPolicy"] == "Max"  # whichever removes more, as the scaler does
+    assert so["triggers"][0]["metadata"]["scaleDownMaxPercent"] == "2"
     assert so["fallback"]["behavior"] == "currentReplicasIfHigher"
     (trigger,) = so["triggers"]
     # KEDA opens StreamIsActive (the scaler's push path) only for external-push.
@@ -297,3 +302,19 @@ def test_prometheus_engine_without_address_is_a_spec_error() -> None:
     spec = dict(cr["spec"], autoscaling={"engine": "prometheus"})
     with pytest.raises(SpecError, match="prometheusAddress"):
         render(Owner("bert", "nlp", "u"), parse_spec(spec), {}, ENV)
+
+
+def test_scaler_tls_uses_the_cluster_trigger_authentication() -> None:
+    """With the scaler on mutual TLS, KEDA can only present its client certificate through a
+    TriggerAuthentication: the trigger must name the one the chart installs."""
+    cr = yaml.safe_load((CASES / "minimal.yaml").read_text())
+    owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], "uid-1")
+    plain = render(owner, parse_spec(cr["spec"]), {}, Environment(keda=True))
+    tls = render(owner, parse_spec(cr["spec"]), {}, Environment(keda=True, scaler_authentication="sluiceway-scaler"))
+
+    def trigger(r: Any) -> dict[str, Any]:
+        so = next(m for m in r.manifests if m["kind"] == "ScaledObject")
+        return dict(so["spec"]["triggers"][0])
+
+    assert "authenticationRef" not in trigger(plain)
+    assert trigger(tls)["authenticationRef"] == {"name": "sluiceway-scaler", "kind": "ClusterTriggerAuthentication"}

@@ -122,6 +122,7 @@ def test_quota_holds_service_wide_with_uneven_routing_and_without_the_coordinato
         time.sleep(LEASE)
         records = asyncio.run(load(pods, proc, prom, seen))
         fallback = [p.metric("sluiceway_quota_fallback") for p in pods]
+        lease_age = [p.metric("sluiceway_quota_lease_age_seconds") for p in pods]
         shares = [p.metric("sluiceway_tenant_quota_share", tenant="heavy") for p in pods]
         logs = [p.logs() for p in pods]
     finally:
@@ -161,6 +162,7 @@ def test_quota_holds_service_wide_with_uneven_routing_and_without_the_coordinato
     assert set(light) == {200}, light
     # every pod says it is on the fallback share, in a metric and a log line
     assert fallback == [1.0, 1.0, 1.0], fallback
+    assert all(age > END - KILL_AT - 1 for age in lease_age), lease_age  # no renewal since the kill
     assert all(re.search(r"falling back to quota / 3 replicas", log) for log in logs)
     assert all(abs(s - 1 / 3) < 1e-9 for s in shares), shares
     if prom is None:
