@@ -227,13 +227,14 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec) -> PodConfig:
             "max_auto_batch_size": spec.batching.max_auto_batch_size,
         },
         "tenants": {
-            "allow_anonymous": spec.access.allow_anonymous,
             "anonymous_tenant": spec.access.anonymous_tenant,
             "defaults": _limits(spec.access.defaults),
             "tenants": tenants,
         },
         "degradation": degradation,
     }
+    if spec.access.allow_anonymous is not None:  # unset: the pod's rule (off when tenants have keys)
+        raw["tenants"]["allow_anonymous"] = spec.access.allow_anonymous
     if spec.keyed_tenants:
         raw["tenants"]["keys_file"] = f"{KEYS_DIR}/{KEYS_FILE}"
     try:

@@ -221,7 +221,9 @@ class LimitsSpec(_Model):
 
 
 class AccessSpec(_Model):
-    allow_anonymous: bool = True
+    #: None (unset): anonymous access is on only while no tenant has a key (the pod decides, see
+    #: ``sluiceway_core.config.TenantsConfig.anonymous_allowed``); True/False as set.
+    allow_anonymous: bool | None = None
     anonymous_tenant: str = "anonymous"
     defaults: LimitsSpec = Field(default_factory=LimitsSpec)
 

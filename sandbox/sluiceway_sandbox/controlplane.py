@@ -4,6 +4,7 @@ signing, aggregation layer), kube-controller-manager and kube-scheduler, from ``
 
 from __future__ import annotations
 
+import json
 import ssl
 import subprocess
 import time
@@ -15,7 +16,7 @@ import yaml
 
 from .layout import Layout
 from .pki import front_proxy_ca, pair
-from .state import Recorded, read_pid, spawn
+from .state import Recorded, read_pid, spawn, stop
 
 #: controllers the sandbox needs (kube-controller-manager names, v1.34).
 CONTROLLERS = (
@@ -169,12 +170,22 @@ def running(layout: Layout, name: str) -> Recorded | None:
     return rec if rec is not None and rec.alive() else None
 
 
-def start(layout: Layout, name: str, argv: list[str]) -> Recorded:
-    """Start ``name`` unless its recorded process still runs (idempotent ``up``)."""
+def start(layout: Layout, name: str, argv: list[str], env: dict[str, str] | None = None) -> Recorded:
+    """Start ``name`` unless its recorded process still runs with the same command line (idempotent
+    ``up``); a process started with another command line is restarted."""
+    argv_file = layout.pids_dir / f"{name}.argv"
     rec = running(layout, name)
     if rec is not None:
-        return rec
-    spawn(name, argv, layout.log_file(name), layout.pid_file(name))
+        try:
+            same = json.loads(argv_file.read_text()) == argv
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return rec
+        stop(rec, grace=30)
+    layout.pids_dir.mkdir(parents=True, exist_ok=True)
+    argv_file.write_text(json.dumps(argv))
+    spawn(name, argv, layout.log_file(name), layout.pid_file(name), env=env)
     out = read_pid(layout.pid_file(name))
     assert out is not None
     return out

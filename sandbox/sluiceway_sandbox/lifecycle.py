@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from . import controlplane, helm, netns, pki, prometheus
 from .controlplane import kubeconfig_path, write_kubeconfig
 from .kubeclient import Kube, KubeError
 from .layout import Layout
-from .state import read_pid, recorded, spawn, stop
+from .state import read_pid, recorded, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluiceway"
@@ -174,25 +175,11 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     controlplane.start(layout, "kube-scheduler", controlplane.build_scheduler(layout, kube_bin))
     env = dict(os.environ)
     env.pop("KUBECONFIG", None)
-    if controlplane.running(layout, "proxy") is None:
-        spawn(
-            "proxy",
-            _python_module(layout, "sluiceway_sandbox.services"),
-            layout.log_file("proxy"),
-            layout.pid_file("proxy"),
-            env=env,
-        )
-    if controlplane.running(layout, "agent") is None:
-        agent_args = ["--cpu", str(opts.cpu), "--gpus", str(opts.gpus)]
-        for image, path in keda_bins.items():
-            agent_args += ["--binary", f"{image}={path}"]
-        spawn(
-            "agent",
-            _python_module(layout, "sluiceway_sandbox.agent", *agent_args),
-            layout.log_file("agent"),
-            layout.pid_file("agent"),
-            env=env,
-        )
+    controlplane.start(layout, "proxy", _python_module(layout, "sluiceway_sandbox.services"), env=env)
+    agent_args = ["--cpu", str(opts.cpu), "--gpus", str(opts.gpus)]
+    for image, path in keda_bins.items():
+        agent_args += ["--binary", f"{image}={path}"]
+    controlplane.start(layout, "agent", _python_module(layout, "sluiceway_sandbox.agent", *agent_args), env=env)
     kube = Kube.as_identity(layout, "admin")
 
     def node_ready() -> bool:
@@ -208,6 +195,15 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     )
     progress(f"prometheus: {layout.prometheus_url} (pod discovery with ServiceAccount monitoring/prometheus)")
     _start_prometheus(layout, kube, prom_bin)
+
+    def prometheus_ready() -> bool:
+        if controlplane.running(layout, "prometheus") is None:
+            tail = layout.log_file("prometheus").read_text(errors="replace")[-1500:]
+            raise SandboxError(f"prometheus exited; last log lines:\n{tail}")
+        with urllib.request.urlopen(f"{layout.prometheus_url}/-/ready", timeout=3) as r:
+            return bool(r.status == 200)
+
+    wait_until(prometheus_ready, 60, f"Prometheus ready at {layout.prometheus_url}")
     progress(f"helm: installing {CHART} as release {helm.RELEASE} in {helm.NAMESPACE}")
     values = {"operator.prometheusUrl": layout.prometheus_url, **dict(opts.chart_values)}
     helm.install(helm_bin, layout, CHART, values)

@@ -223,6 +223,17 @@ def test_every_example_case_passes_the_crd(admin: Admin, case: str) -> None:
     admin.create(_path(), _isvc("case-" + case, **{k: v for k, v in spec.items()}), dry_run=True)
 
 
+def test_allow_anonymous_has_no_default(admin: Admin) -> None:
+    """Unset allowAnonymous stays unset (the pod turns anonymous access off when tenants have
+    keys); keyed tenants without it are accepted, and false still needs a keyed tenant."""
+    keyed = {"tenants": [{"name": "t", "keySecretRef": {"name": "s"}}]}
+    created = admin.create(_path(), _isvc("anon-unset", **keyed), dry_run=True)
+    assert "allowAnonymous" not in created["spec"]["access"]
+    created = admin.create(_path(), _isvc("anon-off", access={"allowAnonymous": False}, **keyed), dry_run=True)
+    assert created["spec"]["access"]["allowAnonymous"] is False
+    assert "allowAnonymous" not in admin.create(_path(), _isvc("anon-bare"), dry_run=True)["spec"]["access"]
+
+
 def test_name_must_be_a_dns_label(admin: Admin) -> None:
     with pytest.raises(ApiError, match=r"metadata\.name must be a DNS-1035 label"):
         admin.create(_path(), _isvc("9lives"), dry_run=True)

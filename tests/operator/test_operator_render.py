@@ -318,3 +318,51 @@ def test_scaler_tls_uses_the_cluster_trigger_authentication() -> None:
 
     assert "authenticationRef" not in trigger(plain)
     assert trigger(tls)["authenticationRef"] == {"name": "sluiceway-scaler", "kind": "ClusterTriggerAuthentication"}
+
+
+def _pod_registry(rendered: Any, tmp_path: Any) -> Any:
+    """The pod's own tenant registry, built from the rendered ConfigMap and keys Secret."""
+    import base64
+
+    from sluiceway_pod.clock import ManualClock
+    from sluiceway_pod.tenancy import TenantRegistry
+
+    by_kind = _by_kind(rendered.manifests)
+    cfg = PodConfig.model_validate(yaml.safe_load(by_kind["ConfigMap"]["data"]["config.yaml"]))
+    tenants = cfg.tenants
+    if tenants.keys_file is not None:  # the Secret's file, where this test can read it
+        keys = tmp_path / "keys.txt"
+        keys.write_text(base64.b64decode(by_kind["Secret"]["data"]["keys.txt"]).decode())
+        tenants = tenants.model_copy(update={"keys_file": str(keys)})
+    return TenantRegistry(tenants, cfg.priorities.classes, ManualClock(), default_priority=cfg.priorities.default)
+
+
+def test_keyed_tenants_without_allow_anonymous_refuse_anonymous_callers(tmp_path: Any) -> None:
+    """Issue 10 item 6: with keyed tenants and allowAnonymous unset, the rendered pod refuses a
+    request without a key (the operator no longer writes ``allowAnonymous: true``)."""
+    from sluiceway_pod.errors import Unauthenticated
+
+    cr = load_case("full")
+    del cr["spec"]["access"]["allowAnonymous"]
+    spec = parse_spec(cr["spec"])
+    assert spec.access.allow_anonymous is None
+    owner = Owner("resnet", "vision", "u")
+    hashes = {t.name: hash_key(TEST_KEYS[t.name]) for t in spec.keyed_tenants}
+    rendered = render(owner, spec, hashes, ENV)
+    cm = _by_kind(rendered.manifests)["ConfigMap"]
+    assert "allowAnonymous" not in yaml.safe_load(cm["data"]["config.yaml"])["tenants"]
+    registry = _pod_registry(rendered, tmp_path)
+    with pytest.raises(Unauthenticated):
+        registry.authenticate(None)
+    assert registry.authenticate(f"Bearer {TEST_KEYS['search']}").name == "search"
+
+    # explicitly on: keyed tenants and anonymous callers both served
+    cr["spec"]["access"]["allowAnonymous"] = True
+    on = render(owner, parse_spec(cr["spec"]), hashes, ENV)
+    assert _pod_registry(on, tmp_path).authenticate(None).name == "anonymous"
+
+
+def test_no_keyed_tenants_keeps_anonymous_access_on(tmp_path: Any) -> None:
+    rendered = _render_case("minimal")
+    assert parse_spec(load_case("minimal")["spec"]).access.allow_anonymous is None
+    assert _pod_registry(rendered, tmp_path).authenticate(None).name == "anonymous"

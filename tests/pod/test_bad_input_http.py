@@ -109,3 +109,17 @@ def test_oversized_bodies_are_413_declared_or_chunked(pod_factory: Any) -> None:
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
     assert httpx.get(f"{pod.url}/v2/health/live", timeout=5).status_code == 200
     assert httpx.post(pod.infer_url, json=infer_body(), timeout=30).status_code == 200
+
+
+def test_declared_max_shape_bounds_the_variable_dimensions(pod_factory: Any) -> None:
+    spec = {"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1], "maxShape": [4, 8]}
+    pod = pod_factory("--model", "synthetic:1", config={"model": {"inputs": [spec]}})
+    with httpx.Client(timeout=30) as c:
+        assert c.post(pod.infer_url, json=infer_body(rows=4, cols=8)).status_code == 200
+        for rows, cols in ((1, 9), (5, 1)):
+            r = c.post(pod.infer_url, json=infer_body(rows=rows, cols=cols))
+            assert r.status_code == 400 and "maxShape" in r.json()["error"], r.text
+        # a binary body claiming a huge shape is refused on the shape, before its size is looked at
+        body, headers = _binary(_tensor([1, 1 << 20], 4 << 20), b"")
+        r = c.post(pod.infer_url, content=body, headers=headers)
+        assert r.status_code == 400 and "maxShape" in r.json()["error"], r.text

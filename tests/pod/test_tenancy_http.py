@@ -187,7 +187,8 @@ def test_invalid_config_exits_nonzero_naming_the_field(tmp_path: Path) -> None:
 def test_full_queue_critical_displaces_queued_batch_work(pod_factory: Any) -> None:
     # anonymous callers are capped at the default class unless the defaults allow more
     config = {"tenants": {"defaults": {"maxPriority": "critical"}}}
-    pod = pod_factory("--model", "synthetic:300", "--concurrency", "1", "--max-queue", "2", config=config)
+    # 1.5 s per request: the queue is still full when the critical request arrives, even on a loaded box
+    pod = pod_factory("--model", "synthetic:1500", "--concurrency", "1", "--max-queue", "2", config=config)
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as c:
