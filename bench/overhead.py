@@ -14,11 +14,14 @@ For the pod it also measures, on the same pod type:
 * ``429``: every request refused by the tenant rate limit (``tenants.defaults.rate`` tiny), small
   body and 100k JSON body: CPU per refusal vs per accepted request.
 
-It prints the table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU),
-writes JSON and a PNG under ``bench/results/``.
+The no-op points repeat ``--reps`` times (3) in alternating order (ABC, CBA, ...); the table shows
+the median of each figure and the ratios are medians of the per-repetition ratios (the machine is
+shared: single runs of the same command differed by 1.4x in the pod/FastAPI ratio). It prints the
+table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU), writes JSON and a
+PNG under ``bench/results/``.
 
-    python -m bench.overhead                  # 8 s per point
-    python -m bench.overhead --duration 4 --servers sluiceway,fastapi
+    python -m bench.overhead                  # 8 s per point, 3 repetitions of the no-op points
+    python -m bench.overhead --duration 4 --reps 1 --servers sluiceway,fastapi
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +124,11 @@ def measure(srv: ServerProc, body: bytes, conns: int, seconds: float, tmp: Path,
     return r
 
 
+def _median(xs: list[Any]) -> Any:
+    vals = [x for x in xs if isinstance(x, (int, float))]
+    return statistics.median(vals) if vals else None
+
+
 def pod_config(tmp: Path, name: str, extra: dict[str, Any]) -> Path:
     cfg = {"model": {"spec": "synthetic:0", "warmupIterations": 1},
            "concurrency": {"permits": 2}, "queue": {"maxDepth": 256}, **extra}
@@ -161,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", default=None, help="sluiceway,fastapi[,litserve]")
     p.add_argument("--elements", type=int, default=100_000, help="tensor size of the codec comparison")
     p.add_argument("--skip-pod-extras", action="store_true", help="no codec / 429 points")
+    p.add_argument("--reps", type=int, default=3, help="no-op repetitions, order alternating; ratios are medians")
     ns = p.parse_args(argv)
     if shutil.which("wrk") is None:
         p.error("wrk is not installed (apt-get install wrk)")
@@ -174,22 +184,29 @@ def main(argv: list[str] | None = None) -> int:
           f"server core 0, wrk core {CLIENT_CORE}; {d:g} s per point, c={c}", flush=True)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        for name in servers:
-            if name == "sluiceway":
-                srv = start_pod(log_dir, config_file=pod_config(tmp, "noop", {}))
-            elif name == "fastapi":
-                srv = start_fastapi(log_dir, service_ms=0.0)
-            else:
-                srv = start_litserve(log_dir, service_ms=0.0, timeout_s=30.0)
-            try:
-                r = measure(srv, small_body(), c, d, tmp)
-                r1 = wrk(srv.infer_url, small_body(), 1, min(d, 4.0), tmp)
-            finally:
-                srv.stop()
-            r["c1_p50_ms"], r["c1_rps"] = r1["p50_ms"], r1["rps"]
-            doc["noop"][name] = {k: v for k, v in r.items() if k != "raw"}
-            print(f"  {name}: {r['rps']:.0f} rps, cpu {r['cpu_us_per_req'] or 0:.0f} us/req, "
-                  f"c=1 p50 {r1['p50_ms']} ms, non-2xx {r['non_2xx']}", flush=True)
+        reps: list[dict[str, dict[str, Any]]] = []
+        for rep in range(ns.reps):
+            order = servers if rep % 2 == 0 else list(reversed(servers))  # ABC, CBA, ABC, ...
+            reps.append({})
+            for name in order:
+                if name == "sluiceway":
+                    srv = start_pod(log_dir, config_file=pod_config(tmp, "noop", {}))
+                elif name == "fastapi":
+                    srv = start_fastapi(log_dir, service_ms=0.0)
+                else:
+                    srv = start_litserve(log_dir, service_ms=0.0, timeout_s=30.0)
+                try:
+                    r = measure(srv, small_body(), c, d, tmp)
+                    r1 = wrk(srv.infer_url, small_body(), 1, min(d, 4.0), tmp)
+                finally:
+                    srv.stop()
+                r["c1_p50_ms"], r["c1_rps"] = r1["p50_ms"], r1["rps"]
+                reps[-1][name] = {k: v for k, v in r.items() if k != "raw"}
+                print(f"  rep {rep + 1} {name}: {r['rps']:.0f} rps, cpu {r['cpu_us_per_req'] or 0:.0f} us/req, "
+                      f"c=1 p50 {r1['p50_ms']} ms, non-2xx {r['non_2xx']}", flush=True)
+        doc["noop_reps"] = reps
+        for name in servers:  # the median over repetitions of every figure
+            doc["noop"][name] = {k: _median([rp[name][k] for rp in reps]) for k in reps[0][name]}
         if "sluiceway" in servers and not ns.skip_pod_extras:
             n = ns.elements
             srv = start_pod(log_dir, config_file=pod_config(tmp, "codec", {}))
@@ -214,16 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[n, f"{v['rps']:.0f}", f"{v['p50_ms']}", f"{v['p99_ms']}", f"{v['c1_p50_ms']}",
              f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['runq_share']:.0%}", str(v["non_2xx"])]
             for n, v in doc["noop"].items()]
-    print("\n## no-op, closed loop (wrk -t1), server pinned to core 0")
+    print(f"\n## no-op, closed loop (wrk -t1), server pinned to core 0; median of {ns.reps} repetition(s)")
     print(table(["server", f"rps c={c}", "p50 ms", "p99 ms", "c=1 p50 ms", "cpu us/req", "srv runq", "non-2xx"],
                 rows))
     ratios: dict[str, float | None] = {}
     noop = doc["noop"]
     if "sluiceway" in noop:
-        for peer in [s for s in noop if s != "sluiceway"]:
-            ratios[f"rps ours/{peer}"] = noop["sluiceway"]["rps"] / noop[peer]["rps"] if noop[peer]["rps"] else None
-            ratios[f"cpu/req ours/{peer}"] = (noop["sluiceway"]["cpu_us_per_req"] or 0) / (
-                noop[peer]["cpu_us_per_req"] or 1)
+        for peer in [s for s in noop if s != "sluiceway"]:  # median over repetitions of the per-rep ratio
+            ratios[f"rps ours/{peer}"] = _median([rp["sluiceway"]["rps"] / rp[peer]["rps"]
+                                                  for rp in doc["noop_reps"] if rp[peer]["rps"]])
+            ratios[f"cpu/req ours/{peer}"] = _median([
+                (rp["sluiceway"]["cpu_us_per_req"] or 0) / rp[peer]["cpu_us_per_req"]
+                for rp in doc["noop_reps"] if rp[peer]["cpu_us_per_req"]])
     pod = doc["pod"]
     if pod:
         print(f"\n## pod: {ns.elements}-element FP32 tensor echoed, c=4; and refusals (429, tenant rate limit)")
@@ -237,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if pod["json_big"]["cpu_us_per_req"]:
             ratios["429 cpu / accepted cpu (100k JSON body)"] = (
                 (pod["refuse_big"]["cpu_us_per_req"] or 0) / pod["json_big"]["cpu_us_per_req"])
-    print("\n## ratios (one run)")
+    print("\n## ratios (one run; the no-op ones are medians of the per-repetition ratios)")
     for k, v in ratios.items():
         print(f"  {k}: {'-' if v is None else f'{v:.2f}'}")
     doc["ratios"] = ratios

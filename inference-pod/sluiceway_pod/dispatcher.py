@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -206,16 +207,20 @@ class Dispatcher(Generic[P]):
         self.check_stuck()
         return self.stuck > 0 and self.stuck >= self.core.limit
 
-    def _call(self, payloads: Sequence[P]) -> Sequence[Any]:
-        """Runs in a worker thread."""
+    def _call(self, payloads: Sequence[P]) -> tuple[Sequence[Any], float]:
+        """Runs in a worker thread. Returns the results and the device seconds of the call that
+        produced them, timed in this thread: the event loop's own delays (scheduling the future,
+        waking up) are not device time, and fair queueing charges tenants by device time."""
         try:
-            return self._run_batch(payloads)
+            t0 = time.perf_counter()
+            return self._run_batch(payloads), time.perf_counter() - t0
         except DeviceOOMSignal:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._oom)
             self._release_cache()
             try:
-                return self._run_batch(payloads)
+                t0 = time.perf_counter()
+                return self._run_batch(payloads), time.perf_counter() - t0
             except DeviceOOMSignal:  # Retry-After is filled in on the loop (the core is loop-owned)
                 raise DeviceOutOfMemory("the device ran out of memory twice for this batch") from None
 
@@ -226,7 +231,6 @@ class Dispatcher(Generic[P]):
 
     async def _execute(self, batch: Batch[P]) -> None:
         loop = asyncio.get_running_loop()
-        started = self.clock.now()
         work = loop.run_in_executor(self._pool, self._call, [t.payload for t in batch.tickets])
         try:
             done, _ = await asyncio.wait({work}, timeout=self.exec_timeout)
@@ -245,9 +249,9 @@ class Dispatcher(Generic[P]):
 
             work.add_done_callback(lambda f: self._late_finish(f, batch))
             return
-        elapsed = self.clock.now() - started
+        elapsed: float | None = None
         try:
-            results = work.result()
+            results, elapsed = work.result()
             if len(results) != len(batch.tickets):
                 raise ModelError(f"the model returned {len(results)} results for a batch of {len(batch.tickets)}")
         except SluicewayError as e:
@@ -268,7 +272,7 @@ class Dispatcher(Generic[P]):
                 t.resolve(result=r)
         self._finish(batch, elapsed)
 
-    def _late_finish(self, f: asyncio.Future[Sequence[Any]], batch: Batch[P]) -> None:
+    def _late_finish(self, f: asyncio.Future[tuple[Sequence[Any], float]], batch: Batch[P]) -> None:
         """Device work whose tickets were already answered (504) has really ended: free the permit."""
         if not f.cancelled():
             f.exception()  # retrieve, so it is not logged as unhandled

@@ -55,11 +55,11 @@ from .kube import (
     controlled_by,
     is_refusal,
 )
-from .prom import PrometheusError, query_scalar
-from .render import Environment, Owner, build_replicas, clamp_replicas, endpoint_url, render
+from .prom import PrometheusError, query_scalar, query_vector
+from .render import Environment, Owner, build_replicas, clamp_replicas, endpoint_url, has_shared_quota, render
 from .settings import OperatorConfig
 from .spec import InferenceServiceSpec, SpecError, parse_spec
-from .status import Observed, compute_status
+from .status import Observed, TenantQuota, compute_status
 
 __all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome"]
 
@@ -80,6 +80,9 @@ class ApplyOutcome:
     config_error: tuple[str, str] | None
     config_hash: str | None
     keda: bool
+    #: The spec's tenants and their quotas, and where they hold ("service" or "pod").
+    tenant_quotas: tuple[TenantQuota, ...] = ()
+    quota_scope: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class SignalsOutcome:
     live_permits: float | None = None
     memory_bound_permits: float | None = None
     builtin_note: str | None = None
+    #: Requests answered 2xx per second over all pods, per tenant; None = not read.
+    tenant_admitted: Mapping[str, float] | None = None
 
 
 @dataclass
@@ -183,8 +188,19 @@ class Reconciler:
             if spec is None:
                 engine = str((raw_spec.get("autoscaling") or {}).get("engine", "keda"))
                 return ApplyOutcome(generation, engine, int(raw_spec.get("replicas") or 1), "auto", error, digest, keda)
+            shared = self.config.quota_coordinator_url is not None and has_shared_quota(spec)
             return ApplyOutcome(
-                generation, spec.autoscaling.engine, spec.replicas, spec.concurrency.permits, error, digest, keda
+                generation,
+                spec.autoscaling.engine,
+                spec.replicas,
+                spec.concurrency.permits,
+                error,
+                digest,
+                keda,
+                tenant_quotas=tuple(
+                    TenantQuota(tn.name, tn.rate, tn.max_concurrent) for tn in spec.tenants or []
+                ),
+                quota_scope="service" if shared else "pod",
             )
 
         previous_hash = st.applied.config_hash if st.applied else (body.get("status") or {}).get("configHash")
@@ -201,6 +217,8 @@ class Reconciler:
             keda=keda,
             service_monitor=self.kube.crd_exists(SERVICE_MONITOR_CRD),
             scaler_authentication=self.config.scaler_authentication,
+            quota_coordinator_url=self.config.quota_coordinator_url,
+            quota_lease_seconds=self.config.quota_lease_seconds,
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
@@ -322,6 +340,13 @@ class Reconciler:
                 prom_error = str(err)
             if prom_error is None and spec.autoscaling.engine == "builtin" and readings.get("queue") is None:
                 prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
+        admitted: dict[str, float] | None = None
+        if prom_url and prom_error is None and (spec.tenants or has_shared_quota(spec)):
+            # its own read: a failure here leaves the rates unknown, never holds the builtin engine
+            try:
+                admitted = query_vector(prom_url, Queries.build(namespace, name).tenant_admitted_rate, "tenant")
+            except PrometheusError as err:
+                log.warning("%s/%s: per-tenant admitted rates unavailable: %s", namespace, name, err)
         note: str | None = None
         if spec.autoscaling.engine == "builtin":
             note = self._builtin(spec, Owner(name, namespace, meta["uid"]), readings, prom_url, prom_error, st)
@@ -333,6 +358,7 @@ class Reconciler:
             live_permits=readings.get("permits"),
             memory_bound_permits=readings.get("memory_bound"),
             builtin_note=note,
+            tenant_admitted=admitted,
         )
 
     def _builtin(
@@ -428,6 +454,9 @@ class Reconciler:
             memory_bound_permits=sig.memory_bound_permits if sig else None,
             builtin_note=sig.builtin_note if sig else None,
             signals_read=sig is not None,
+            tenant_quotas=applied.tenant_quotas,
+            quota_scope=applied.quota_scope,
+            tenant_admitted=sig.tenant_admitted if sig else None,
         )
         previous = (st.status or body.get("status") or {}).get("conditions")
         status = compute_status(observed, previous, _now())

@@ -49,6 +49,7 @@ __all__ = [
     "build_keys_secret",
     "build_pdb",
     "build_pod_config",
+    "build_quota",
     "build_replicas",
     "build_scaled_object",
     "build_service",
@@ -56,6 +57,7 @@ __all__ = [
     "clamp_replicas",
     "config_hash",
     "endpoint_url",
+    "has_shared_quota",
     "keys_text",
     "pod_labels",
     "render",
@@ -104,6 +106,11 @@ class Environment:
     #: ClusterTriggerAuthentication holding KEDA's client certificate for the scaler's mutual TLS
     #: (KEDA reads caCert/tlsClientCert/tlsClientKey only from a TriggerAuthentication).
     scaler_authentication: str | None = None
+    #: Base URL of the scaler's tenant-quota lease coordinator; set, tenant quotas hold for the
+    #: whole service (pod config ``quota``), else each pod enforces the whole quota by itself.
+    quota_coordinator_url: str | None = None
+    #: The coordinator's lease period in seconds (the scaler's ``--quota-lease-seconds``).
+    quota_lease_seconds: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -166,7 +173,35 @@ def _limits(limits: LimitsSpec) -> dict[str, Any]:
     return out
 
 
-def build_pod_config(owner: Owner, spec: InferenceServiceSpec) -> PodConfig:
+def has_shared_quota(spec: InferenceServiceSpec) -> bool:
+    """Whether any tenant (listed, or anyone through ``access.defaults``) has a rate or
+    concurrency quota: what the coordinator distributes among the pods."""
+    return any(
+        limits.rate is not None or limits.max_concurrent is not None
+        for limits in [spec.access.defaults, *(spec.tenants or [])]
+    )
+
+
+def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any] | None:
+    """The pod config's ``quota`` section, or None (no coordinator, or no quota to share).
+
+    ``assumed_replicas`` is the divisor of the fallback share before a pod's first lease:
+    ``spec.replicas`` with engine ``none``, else ``minReplicas``. Never the live count: it is in
+    the config, whose hash rolls the pods, and a count that follows scaling would roll them on
+    every scale. After its first lease a pod divides by the count the coordinator reports.
+    """
+    if env.quota_coordinator_url is None or not has_shared_quota(spec):
+        return None
+    a = spec.autoscaling
+    return {
+        "coordinator_url": env.quota_coordinator_url,
+        "service": f"{owner.namespace}/{owner.name}",
+        "lease_seconds": env.quota_lease_seconds,
+        "assumed_replicas": max(1, spec.replicas if a.engine == "none" else a.min_replicas),
+    }
+
+
+def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment | None = None) -> PodConfig:
     """The pod's config, validated by the pod's own model. Raises :class:`SpecError`."""
     m = spec.model
     t = spec.timeouts
@@ -237,6 +272,9 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec) -> PodConfig:
         raw["tenants"]["allow_anonymous"] = spec.access.allow_anonymous
     if spec.keyed_tenants:
         raw["tenants"]["keys_file"] = f"{KEYS_DIR}/{KEYS_FILE}"
+    quota = build_quota(owner, spec, env) if env is not None else None
+    if quota is not None:
+        raw["quota"] = quota
     try:
         return build_config(raw)
     except ConfigError as err:
@@ -293,7 +331,9 @@ def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def build_deployment(owner: Owner, spec: InferenceServiceSpec, digest: str) -> dict[str, Any]:
+def build_deployment(
+    owner: Owner, spec: InferenceServiceSpec, digest: str, *, pod_name_env: bool = False
+) -> dict[str, Any]:
     """The Deployment, without ``spec.replicas``: the replica count is applied on its own, under a
     separate field manager (:func:`build_replicas`), so switching engines never drops it."""
     r = spec.resources
@@ -329,7 +369,13 @@ def build_deployment(owner: Owner, spec: InferenceServiceSpec, digest: str) -> d
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [{"name": "HOME", "value": "/tmp"}]
+        + (
+            # the quota client names its leases after the pod (sluiceway_core.config.QuotaConfig)
+            [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+            if pod_name_env
+            else []
+        ),
         "resources": resources,
         "startupProbe": _http_probe("/v2/health/live", 5, 120),
         "livenessProbe": _http_probe("/v2/health/live", 10, 3),
@@ -641,7 +687,7 @@ def render(
     ``minReplicas`` when None); engine ``none`` uses ``spec.replicas``; keda and prometheus leave
     the count to the HPA (``Rendered.replicas`` is None). Raises :class:`SpecError`.
     """
-    cfg = build_pod_config(owner, spec)
+    cfg = build_pod_config(owner, spec, env)
     cfg_yaml = cfg.to_yaml()
     keys = keys_text(key_hashes)
     digest = config_hash(cfg_yaml, keys)
@@ -656,7 +702,7 @@ def render(
     manifests = [
         build_config_map(owner, cfg_yaml),
         build_keys_secret(owner, keys),
-        build_deployment(owner, spec, digest),
+        build_deployment(owner, spec, digest, pod_name_env=cfg.quota is not None),
         build_service(owner),
         build_pdb(owner, spec),
     ]

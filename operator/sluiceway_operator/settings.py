@@ -5,7 +5,9 @@ Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluste
 ``SLUICEWAY_SIGNALS_INTERVAL`` (seconds),
 ``SLUICEWAY_LOG_FORMAT`` (``plain`` | ``full`` | ``json``), ``SLUICEWAY_SCALER_AUTHENTICATION`` (the
 ClusterTriggerAuthentication KEDA uses for the scaler's mutual TLS), ``SLUICEWAY_LIVENESS`` (a URL such as
-``http://0.0.0.0:8081/healthz``).
+``http://0.0.0.0:8081/healthz``), ``SLUICEWAY_QUOTA_COORDINATOR_URL`` (the scaler's tenant-quota lease
+coordinator; set: tenant quotas hold for the whole service) and ``SLUICEWAY_QUOTA_LEASE_SECONDS`` (its
+lease period, as the scaler's ``--quota-lease-seconds``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class OperatorConfig:
     #: ClusterTriggerAuthentication that gives KEDA the scaler's TLS client certificate (chart:
     #: ``scaler.tls.kedaClientSecret``); None when the scaler serves plaintext gRPC.
     scaler_authentication: str | None = None
+    #: The quota coordinator's base URL (chart: ``scaler.quota.enabled``); None = every pod enforces
+    #: the whole quota by itself.
+    quota_coordinator_url: str | None = None
+    #: The coordinator's lease period (chart: ``scaler.quota.leaseSeconds``).
+    quota_lease_seconds: float = 3.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -45,6 +52,11 @@ class OperatorConfig:
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     env = os.environ if environ is None else environ
+    lease_text = env.get("SLUICEWAY_QUOTA_LEASE_SECONDS") or str(OperatorConfig.quota_lease_seconds)
+    try:
+        lease = float(lease_text)
+    except ValueError:
+        raise ValueError(f"SLUICEWAY_QUOTA_LEASE_SECONDS must be a number of seconds, not {lease_text!r}") from None
     namespaces = tuple(n.strip() for n in env.get("SLUICEWAY_NAMESPACES", "").split(",") if n.strip())
     return OperatorConfig(
         namespaces=namespaces,
@@ -55,6 +67,8 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         log_format=env.get("SLUICEWAY_LOG_FORMAT") or "plain",
         scaler_authentication=env.get("SLUICEWAY_SCALER_AUTHENTICATION") or None,
         liveness=env.get("SLUICEWAY_LIVENESS") or None,
+        quota_coordinator_url=env.get("SLUICEWAY_QUOTA_COORDINATOR_URL") or None,
+        quota_lease_seconds=lease,
     )
 
 

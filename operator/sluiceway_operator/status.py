@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Cond", "Observed", "compute_status", "format_wait", "merge_conditions"]
+__all__ = ["Cond", "Observed", "TenantQuota", "compute_status", "format_rate", "format_wait", "merge_conditions"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,15 @@ class Cond:
     status: str  # "True" | "False" | "Unknown"
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    """One tenant's quota as the spec states it (service-wide with the quota coordinator)."""
+
+    name: str
+    rate: str | None = None  # the spec's text, e.g. "20/s"
+    max_concurrent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,12 @@ class Observed:
     builtin_note: str | None = None
     #: False until the signals timer has read Prometheus once (after a start of the operator).
     signals_read: bool = True
+    #: The spec's tenants and their quotas (spec path).
+    tenant_quotas: tuple[TenantQuota, ...] = ()
+    #: "service" when the pods lease their shares from the quota coordinator, else "pod".
+    quota_scope: str | None = None
+    #: Requests answered 2xx per second over all pods, per tenant label (Prometheus); None = unknown.
+    tenant_admitted: Mapping[str, float] | None = None
 
 
 def format_wait(seconds: float) -> str:
@@ -53,6 +68,30 @@ def format_wait(seconds: float) -> str:
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"
     return f"{seconds:.3g}s"
+
+
+def format_rate(per_second: float) -> str:
+    """``97.46`` -> ``"97.5/s"``; ``1234.5`` -> ``"1234/s"``; ``0.031`` -> ``"0.031/s"``."""
+    return (f"{per_second:.0f}" if per_second >= 100 else f"{per_second:.3g}") + "/s"
+
+
+def _tenant_rows(o: Observed) -> list[dict[str, Any]]:
+    """Each tenant of the spec, plus every tenant label Prometheus reports (anonymous, other):
+    the quota next to the admitted rate service-wide, sorted by name. No rate when unknown."""
+    quotas = {q.name: q for q in o.tenant_quotas}
+    names = sorted(set(quotas) | set(o.tenant_admitted or {}))
+    rows = []
+    for name in names:
+        row: dict[str, Any] = {"name": name}
+        q = quotas.get(name)
+        if q is not None and q.rate is not None:
+            row["quotaRate"] = q.rate
+        if q is not None and q.max_concurrent is not None:
+            row["maxConcurrent"] = q.max_concurrent
+        if o.tenant_admitted is not None:
+            row["admittedRate"] = format_rate(o.tenant_admitted.get(name, 0.0))
+        rows.append(row)
+    return rows
 
 
 def _find(conditions: Sequence[Mapping[str, Any]] | None, ctype: str) -> Mapping[str, Any] | None:
@@ -191,4 +230,8 @@ def compute_status(
         status["concurrencyMemoryBound"] = str(round(o.memory_bound_permits))
     if o.config_hash is not None:
         status["configHash"] = o.config_hash
+    # None (null in the merge patch) removes what an earlier spec had
+    rows = _tenant_rows(o)
+    status["tenants"] = rows or None
+    status["quotaScope"] = o.quota_scope if rows else None
     return status

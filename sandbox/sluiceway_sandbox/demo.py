@@ -123,6 +123,7 @@ class DemoReport:
     peak_desired: int
     peak_ready: int
     overload_to_second_ready: float | None  # seconds from the 3x phase's start to ready >= 2
+    ready_at_overload: int | None  # ready replicas when the 3x phase began (>= 2: nothing to time)
     first_ready_endpoint: float | None  # seconds from applying the sample to a ready endpoint
     replicas_after_off: int | None  # ready replicas at the end of the silent phase
     samples: list[Sample] = field(default_factory=list)
@@ -139,7 +140,9 @@ class DemoReport:
             f"5xx other than 503/504: {self.unexpected_5xx}; 503/504 without a reason: {self.shed_without_reason}",
             f"peak replicas: desired {self.peak_desired}, ready {self.peak_ready}",
             f"sample applied -> first ready endpoint: {sec(self.first_ready_endpoint)}",
-            f"overload (3x capacity) -> second ready pod: {sec(self.overload_to_second_ready)}",
+            f"overload (3x capacity) -> second ready pod: {sec(self.overload_to_second_ready)}"
+            + (f" (already {self.ready_at_overload} ready when the overload began)"
+               if (self.ready_at_overload or 0) >= 2 else ""),
             f"ready replicas at the end: {self.replicas_after_off if self.replicas_after_off is not None else '-'}",
             *([f"plot: {self.plot}"] if self.plot else []),
         ]
@@ -155,14 +158,18 @@ class DemoReport:
 def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: Ramp,
                  first_ready_endpoint: float | None = None) -> DemoReport:
     s = summarize(outcomes, ramp.seconds)
-    second = next((x.t - ramp.overload_start for x in samples
-                   if x.t >= ramp.overload_start and (x.ready or 0) >= 2), None)
+    before = [x for x in samples if x.t < ramp.overload_start]
+    at_overload = before[-1].ready if before else None
+    second = None
+    if at_overload is not None and at_overload < 2:
+        second = next((x.t - ramp.overload_start for x in samples
+                       if x.t >= ramp.overload_start and (x.ready or 0) >= 2), None)
     return DemoReport(
         sent=s.sent, ok=s.ok, goodput_share=s.goodput_share, codes=s.codes, reasons=s.reasons,
         unexpected_5xx=s.unexpected_5xx, shed_without_reason=s.shed_without_reason,
         peak_desired=max((x.desired or 0 for x in samples), default=0),
         peak_ready=max((x.ready or 0 for x in samples), default=0),
-        overload_to_second_ready=second, first_ready_endpoint=first_ready_endpoint,
+        overload_to_second_ready=second, ready_at_overload=at_overload, first_ready_endpoint=first_ready_endpoint,
         replicas_after_off=samples[-1].ready if samples else None, samples=list(samples),
     )
 
@@ -251,11 +258,14 @@ def write_plot(report: DemoReport, ramp: Ramp, path: Path) -> Path:
     a1.plot(xs, [s.goodput for s in report.samples], label="goodput (2xx) req/s")
     a1.axhline(ramp.capacity, color="grey", linestyle=":", label="one replica's capacity")
     a1.set_ylabel("requests/s")
-    a1.legend(loc="upper left")
-    a2.step(xs, [s.desired or 0 for s in report.samples], where="post", label="desired")
-    a2.step(xs, [s.ready or 0 for s in report.samples], where="post", label="ready")
+    a1.legend(loc="upper right", fontsize=8)
+    def nan(v: int | None) -> float:
+        return float("nan") if v is None else float(v)
+
+    a2.step(xs, [nan(s.desired) for s in report.samples], where="post", label="desired")
+    a2.step(xs, [nan(s.ready) for s in report.samples], where="post", label="ready", linestyle="--")
     a2.set_ylabel("replicas")
-    a2.legend(loc="upper left")
+    a2.legend(loc="upper right", fontsize=8)
     a3.plot(xs, [s.queue_depth if s.queue_depth is not None else float("nan") for s in report.samples],
             label="queue depth")
     a3.set_ylabel("queue depth")
@@ -296,6 +306,7 @@ def run_demo(
     live: bool = True,
     seed: int = 1,
     ready_timeout: float = 240.0,
+    settle_timeout: float = 180.0,
     progress: Callable[[str], None] = print,
 ) -> DemoReport:
     """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test) and
@@ -322,6 +333,8 @@ def run_demo(
         first_ready = time.monotonic() - t_apply
         progress(f"demo: first ready endpoint {first_ready:.1f} s after apply: {watcher.endpoints()}")
         lifecycle.wait_until(lambda: _isvc_ready(kube, ns, name), ready_timeout, f"{ns}/{name} Ready")
+        minimum = int((isvc["spec"].get("autoscaling") or {}).get("minReplicas", 1))
+        _settle(kube, ns, name, minimum, settle_timeout, progress)
         clients = [Client(sec.removesuffix("-key"), _secret_key(kube, ns, sec), prio, share)
                    for sec, prio, share in DEFAULT_TRAFFIC]
         phases = ramp.phases()
@@ -353,6 +366,22 @@ def run_demo(
             lifecycle.down(layout, progress)
         else:  # the sandbox was up before the demo: leave it, remove only the sample's service
             _delete_sample(layout, sample, progress)
+
+
+def _settle(kube: Any, ns: str, name: str, replicas: int, timeout: float,
+            progress: Callable[[str], None]) -> None:
+    """Wait (bounded) until the Deployment is back at its minimum, so the ramp starts from there
+    (a sandbox kept from an earlier run may still be scaled out)."""
+    deadline = time.monotonic() + timeout
+    got = read_replicas(kube, ns, name)
+    if got != (replicas, replicas):
+        progress(f"demo: waiting up to {timeout:.0f} s for {ns}/{name} to settle at {replicas} replica(s) "
+                 f"(desired/ready now {got[0]}/{got[1]})")
+    while got != (replicas, replicas) and time.monotonic() < deadline:
+        time.sleep(2)
+        got = read_replicas(kube, ns, name)
+    if got != (replicas, replicas):
+        progress(f"demo: still at desired/ready {got[0]}/{got[1]}; starting the ramp anyway")
 
 
 def _delete_sample(layout: Layout, sample: Path, progress: Callable[[str], None]) -> None:

@@ -17,13 +17,14 @@ SAMPLES = ROOT / "samples"
 IMAGES = ROOT / "images"
 K8S_VERSION = "1.34.0"
 MONITORING_API = "monitoring.coreos.com/v1"
+KEDA_API = "keda.sh/v1alpha1"
 
 #: Every optional feature on (used by the template, lint and install tests).
 ALL_ON: dict[str, Any] = {
     "operator": {"namespaces": ["team-a", "team-b"], "prometheusUrl": "http://prometheus.monitoring.svc:9090"},
     "scaler": {
         "allowedPrometheusUrls": ["http://prometheus.monitoring.svc:9090", "https://thanos.example:10902"],
-        "tls": {"enabled": True, "secretName": "sluiceway-scaler-tls"},
+        "tls": {"enabled": True, "secretName": "sluiceway-scaler-tls", "kedaClientSecret": "sluiceway-keda-client"},
         "quota": {"enabled": True},
     },
     "image": {"digest": "sha256:" + "a" * 64},

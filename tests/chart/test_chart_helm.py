@@ -19,6 +19,7 @@ from chart_support import (
     ALL_ON,
     CHART,
     K8S_VERSION,
+    KEDA_API,
     MONITORING_API,
     find,
     helm_binary,
@@ -82,6 +83,11 @@ def test_helm_lint_strict(helm: str, home: Path) -> None:
         (["--set", "operator.logFormat=xml"], "at '/operator/logFormat': value must be one of"),
         (["--set", "image.digest=latest"], "at '/image/digest': 'latest' does not match pattern"),
         (["--set", "scaler.tls.enabled=true"], "at '/scaler/tls/secretName': minLength: got 0, want 1"),
+        (
+            ["--set", "scaler.tls.enabled=true,scaler.tls.secretName=s"],
+            "at '/scaler/tls/kedaClientSecret': minLength: got 0, want 1",
+        ),
+        (["--set", "scaler.quota.leaseSeconds=0.1"], "at '/scaler/quota/leaseSeconds': minimum: got 0.1, want 0.5"),
         (
             ["--set", "networkPolicy.enabled=true"],
             "at '/networkPolicy/inferencePods/namespaces': minItems: got 0, want 1",
@@ -241,10 +247,49 @@ MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The fields of the keda.sh objects this chart renders (KEDA v2.21's ClusterTriggerAuthentication,
+#: the parts used; unknown fields are errors).
+KEDA_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ClusterTriggerAuthentication": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": KEDA_API},
+            "kind": {"const": "ClusterTriggerAuthentication"},
+            "metadata": {"type": "object", "required": ["name", "labels"], "not": {"required": ["namespace"]}},
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["secretTargetRef"],
+                "properties": {
+                    "secretTargetRef": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["parameter", "name", "key"],
+                            "properties": {
+                                "parameter": {"type": "string"},
+                                "name": {"type": "string", "minLength": 1},
+                                "key": {"type": "string", "minLength": 1},
+                            },
+                        },
+                    }
+                },
+            },
+        },
+    },
+}
+
+
 def _validate(docs: list[dict[str, Any]]) -> None:
     for d in docs:
         if d["apiVersion"] == MONITORING_API:
             jsonschema.validate(d, MONITORING_SCHEMAS[d["kind"]])
+        elif d["apiVersion"] == KEDA_API:  # a CRD kind unknown to kubernetes-validate
+            jsonschema.validate(d, KEDA_SCHEMAS[d["kind"]])
         else:
             kubernetes_validate.validate(d, K8S_VERSION, strict=True)
 
@@ -338,6 +383,70 @@ def test_operator_settings_reach_the_operator(all_on: list[dict[str, Any]], defa
     assert env["SLUICEWAY_PROMETHEUS_URL"] == "http://prometheus.monitoring.svc:9090"
     assert env["SLUICEWAY_SCALER_ADDRESS"] == "sluiceway-scaler.sluiceway-system.svc:9090"
     assert _env(find(defaults, "Deployment", "sluiceway-operator"))["SLUICEWAY_NAMESPACES"] == ""
+
+
+def test_quota_coordinator_reaches_the_operator(
+    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]], helm: str, home: Path
+) -> None:
+    """scaler.quota.enabled: the operator points the pods at the scaler's quota port, with the
+    scaler's lease; the operator reads the settings and renders a pod config the pod accepts."""
+    from operator_support import load_case
+    from sluiceway_core.config import PodConfig
+    from sluiceway_operator.render import Environment, Owner, render
+    from sluiceway_operator.settings import config_from_env
+    from sluiceway_operator.spec import parse_spec
+
+    env = _env(find(all_on, "Deployment", "sluiceway-operator"))
+    assert env["SLUICEWAY_QUOTA_COORDINATOR_URL"] == "http://sluiceway-scaler.sluiceway-system.svc:9092"
+    assert env["SLUICEWAY_QUOTA_LEASE_SECONDS"] == "3"
+    assert "SLUICEWAY_QUOTA_COORDINATOR_URL" not in _env(find(defaults, "Deployment", "sluiceway-operator"))
+    other = template(helm, home, {"scaler": {"quota": {"enabled": True, "port": 7000, "leaseSeconds": 2.5}}})
+    other_env = _env(find(other, "Deployment", "sluiceway-operator"))
+    assert other_env["SLUICEWAY_QUOTA_COORDINATOR_URL"] == "http://sluiceway-scaler.sluiceway-system.svc:7000"
+    assert other_env["SLUICEWAY_QUOTA_LEASE_SECONDS"] == "2.5"
+    assert "--quota-lease-seconds" in _args(other) and "2.5" in _args(other)
+
+    cfg = config_from_env(other_env)
+    spec = parse_spec(
+        {"model": {"image": "i:1", "format": "demo", "source": "demo"}, "access": {"defaults": {"rate": "5/s"}}}
+    )
+    rendered = render(
+        Owner("demo", "team-a", "u"),
+        spec,
+        {},
+        Environment(quota_coordinator_url=cfg.quota_coordinator_url, quota_lease_seconds=cfg.quota_lease_seconds),
+    )
+    quota = rendered.pod_config.quota
+    assert quota is not None and quota.coordinator_url == "http://sluiceway-scaler.sluiceway-system.svc:7000"
+    assert quota.lease_seconds == 2.5
+    cm = next(m for m in rendered.manifests if m["kind"] == "ConfigMap")
+    assert PodConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"])) == rendered.pod_config
+
+
+def test_scaler_tls_gives_keda_its_client_certificate(
+    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]]
+) -> None:
+    """KEDA v2.21 reads an external scaler's caCert/tlsClientCert/tlsClientKey only from a
+    TriggerAuthentication: with TLS on, the chart renders the ClusterTriggerAuthentication the
+    operator's triggers name (SLUICEWAY_SCALER_AUTHENTICATION)."""
+    cta = find(all_on, "ClusterTriggerAuthentication", "sluiceway-scaler")
+    assert cta["apiVersion"] == "keda.sh/v1alpha1"
+    assert "namespace" not in cta["metadata"]  # cluster-scoped; the Secret is in KEDA's namespace
+    assert cta["spec"]["secretTargetRef"] == [
+        {"parameter": "caCert", "name": "sluiceway-keda-client", "key": "ca.crt"},
+        {"parameter": "tlsClientCert", "name": "sluiceway-keda-client", "key": "tls.crt"},
+        {"parameter": "tlsClientKey", "name": "sluiceway-keda-client", "key": "tls.key"},
+    ]
+    assert (
+        _env(find(all_on, "Deployment", "sluiceway-operator"))["SLUICEWAY_SCALER_AUTHENTICATION"] == "sluiceway-scaler"
+    )
+    assert not [d for d in defaults if d["kind"] == "ClusterTriggerAuthentication"]
+    assert "SLUICEWAY_SCALER_AUTHENTICATION" not in _env(find(defaults, "Deployment", "sluiceway-operator"))
+    from sluiceway_operator.settings import config_from_env
+
+    assert config_from_env(_env(find(all_on, "Deployment", "sluiceway-operator"))).scaler_authentication == (
+        "sluiceway-scaler"
+    )
 
 
 def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]], all_on: list[dict[str, Any]]) -> None:
@@ -495,6 +604,14 @@ def test_template_guards_hold_without_the_schema(helm: str, home: Path) -> None:
     """The templates refuse the same mistakes when schema validation is skipped."""
     for args, message in (
         (["--set", "scaler.tls.enabled=true"], "scaler.tls.enabled needs scaler.tls.secretName"),
+        (
+            ["--set", "scaler.tls.enabled=true,scaler.tls.secretName=s"],
+            "scaler.tls.enabled needs scaler.tls.kedaClientSecret",
+        ),
+        (
+            ["--set", "scaler.enabled=false,scaler.quota.enabled=true"],
+            "scaler.quota.enabled needs scaler.enabled",
+        ),
         (["--set", "networkPolicy.enabled=true"], "networkPolicy.inferencePods needs namespaces"),
     ):
         out = run_helm(helm, home, "template", "sw", str(CHART), "--skip-schema-validation", *args)
