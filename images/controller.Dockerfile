@@ -16,7 +16,7 @@ COPY core/ core/
 COPY inference-pod/ inference-pod/
 COPY operator/ operator/
 COPY sandbox/ sandbox/
-# The `operator` extra: kopf, kubernetes, grpcio, protobuf, prometheus-api-client. No torch.
+# The `operator` extra: kopf, kubernetes, grpcio, protobuf. No torch.
 RUN pip install ".[operator]" && rm -rf /src
 
 WORKDIR /tmp

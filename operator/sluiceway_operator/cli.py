@@ -71,7 +71,11 @@ def config_from_args(args: argparse.Namespace, base: OperatorConfig) -> Operator
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    cfg = config_from_args(args, config_from_env())
+    try:
+        env_cfg = config_from_env()
+    except ValueError as err:  # a malformed SLUICEWAY_* variable
+        raise SystemExit(f"sluiceway-operator: {err}") from None
+    cfg = config_from_args(args, env_cfg)
     kopf.configure(verbose=args.verbose, log_format=_LOG_FORMATS[cfg.log_format])
     registry = kopf.OperatorRegistry()
     register(registry, cfg)

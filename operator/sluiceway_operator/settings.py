@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,12 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     try:
         lease = float(lease_text)
     except ValueError:
-        raise ValueError(f"SLUICEWAY_QUOTA_LEASE_SECONDS must be a number of seconds, not {lease_text!r}") from None
+        lease = -1.0
+    if not 0.5 <= lease <= 60:  # the pod config's quota.leaseSeconds range
+        raise ValueError(f"SLUICEWAY_QUOTA_LEASE_SECONDS must be seconds within 0.5..60, not {lease_text!r}")
+    coordinator = env.get("SLUICEWAY_QUOTA_COORDINATOR_URL") or None
+    if coordinator is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", coordinator):
+        raise ValueError(f"SLUICEWAY_QUOTA_COORDINATOR_URL must be an http(s) URL, not {coordinator!r}")
     namespaces = tuple(n.strip() for n in env.get("SLUICEWAY_NAMESPACES", "").split(",") if n.strip())
     return OperatorConfig(
         namespaces=namespaces,
@@ -67,7 +73,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         log_format=env.get("SLUICEWAY_LOG_FORMAT") or "plain",
         scaler_authentication=env.get("SLUICEWAY_SCALER_AUTHENTICATION") or None,
         liveness=env.get("SLUICEWAY_LIVENESS") or None,
-        quota_coordinator_url=env.get("SLUICEWAY_QUOTA_COORDINATOR_URL") or None,
+        quota_coordinator_url=coordinator,
         quota_lease_seconds=lease,
     )
 

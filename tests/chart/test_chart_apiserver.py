@@ -31,7 +31,7 @@ SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NS}", "
 NAMESPACED = {"operator": {"namespaces": list(WATCHED), "prometheusUrl": "http://prometheus.monitoring.svc:9090"}}
 
 
-def _standin_crd(plural: str, kind: str, group: str, version: str) -> dict[str, Any]:
+def _standin_crd(plural: str, kind: str, group: str, version: str, scope: str = "Namespaced") -> dict[str, Any]:
     """A CRD that accepts any object of a kind this chart renders but whose operator is absent."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -39,7 +39,7 @@ def _standin_crd(plural: str, kind: str, group: str, version: str) -> dict[str, 
         "metadata": {"name": f"{plural}.{group}"},
         "spec": {
             "group": group,
-            "scope": "Namespaced",
+            "scope": scope,
             "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
             "versions": [
                 {
@@ -295,14 +295,21 @@ def test_upgrade_to_clusterwide_with_every_feature(
     helm: str, home: Path, control_plane: ControlPlane, admin: Admin, installed: str
 ) -> None:
     """helm upgrade (revision 2): cluster-wide RBAC (Roles removed), monitoring objects, policies."""
-    for plural, kind in (
-        ("prometheusrules", "PrometheusRule"),
-        ("podmonitors", "PodMonitor"),
-        ("servicemonitors", "ServiceMonitor"),
-    ):
-        crd = _standin_crd(plural, kind, "monitoring.coreos.com", "v1")
+    standins = [
+        _standin_crd("prometheusrules", "PrometheusRule", "monitoring.coreos.com", "v1"),
+        _standin_crd("podmonitors", "PodMonitor", "monitoring.coreos.com", "v1"),
+        _standin_crd("servicemonitors", "ServiceMonitor", "monitoring.coreos.com", "v1"),
+        # scaler TLS: KEDA's client certificate comes from a ClusterTriggerAuthentication
+        _standin_crd("clustertriggerauthentications", "ClusterTriggerAuthentication", "keda.sh", "v1alpha1", "Cluster"),
+    ]
+    for crd in standins:
         if admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}") is None:
             admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    wait_for(
+        lambda: admin.get("/apis/keda.sh/v1alpha1/clustertriggerauthentications") is not None,
+        30,
+        what="clustertriggerauthentications served",
+    )
     for plural in ("prometheusrules", "podmonitors", "servicemonitors"):
         wait_for(
             lambda p=plural: admin.get(f"/apis/monitoring.coreos.com/v1/namespaces/{RELEASE_NS}/{p}") is not None,
@@ -338,6 +345,8 @@ def test_upgrade_to_clusterwide_with_every_feature(
     assert admin.get(f"/apis/networking.k8s.io/v1/namespaces/{WATCHED[0]}/networkpolicies/sluiceway-inference-pods")
     scaler = admin.get(f"/apis/apps/v1/namespaces/{RELEASE_NS}/deployments/sluiceway-scaler")
     assert "--tls-cert" in scaler["spec"]["template"]["spec"]["containers"][0]["args"]
+    cta = admin.get("/apis/keda.sh/v1alpha1/clustertriggerauthentications/sluiceway-scaler")
+    assert cta is not None and cta["spec"]["secretTargetRef"][0]["name"] == ALL_ON["scaler"]["tls"]["kedaClientSecret"]
 
 
 def test_install_with_a_bad_value_fails_clearly(helm: str, home: Path, control_plane: ControlPlane) -> None:

@@ -87,7 +87,7 @@ def test_helm_lint_strict(helm: str, home: Path) -> None:
             ["--set", "scaler.tls.enabled=true,scaler.tls.secretName=s"],
             "at '/scaler/tls/kedaClientSecret': minLength: got 0, want 1",
         ),
-        (["--set", "scaler.quota.leaseSeconds=0.1"], "at '/scaler/quota/leaseSeconds': minimum: got 0.1, want 0.5"),
+        (["--set", "scaler.quota.leaseSeconds=120"], "at '/scaler/quota/leaseSeconds': maximum: got 120, want 60"),
         (
             ["--set", "networkPolicy.enabled=true"],
             "at '/networkPolicy/inferencePods/namespaces': minItems: got 0, want 1",

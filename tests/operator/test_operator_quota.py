@@ -57,8 +57,19 @@ def test_settings_read_the_coordinator_from_the_environment() -> None:
     assert (cfg.quota_coordinator_url, cfg.quota_lease_seconds) == (COORDINATOR, 5.0)
     bare = config_from_env({})
     assert (bare.quota_coordinator_url, bare.quota_lease_seconds) == (None, 3.0)
-    with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_LEASE_SECONDS"):
-        config_from_env({"SLUICEWAY_QUOTA_LEASE_SECONDS": "soon"})
+    for bad in ("soon", "0.1", "120"):
+        with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_LEASE_SECONDS must be seconds within 0.5..60"):
+            config_from_env({"SLUICEWAY_QUOTA_LEASE_SECONDS": bad})
+    with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_COORDINATOR_URL must be an http"):
+        config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": "sluiceway-scaler:9092"})
+
+
+def test_the_operator_refuses_a_bad_setting_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluiceway_operator.cli import main
+
+    monkeypatch.setenv("SLUICEWAY_QUOTA_LEASE_SECONDS", "soon")
+    with pytest.raises(SystemExit, match="sluiceway-operator: SLUICEWAY_QUOTA_LEASE_SECONDS"):
+        main(["run"])
 
 
 def test_tenant_limits_with_a_coordinator_render_the_quota_section_and_pod_name() -> None:

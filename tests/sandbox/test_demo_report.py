@@ -60,13 +60,17 @@ def test_report_numbers() -> None:
     assert r.overload_to_second_ready == 5  # t=25 is the first sample with 2 ready, 5 s after t=20
     assert r.unexpected_5xx == 0 and r.shed_without_reason == 0
     assert r.reasons == {"429 rate_limited": 20, "503 queue_timeout": 9, "timeout -": 1}
-    assert r.replicas_after_off == 1 and r.first_ready_endpoint == 4.5
+    assert r.replicas_after_off == 1 and r.first_ready_endpoint == 4.5 and r.ready_at_overload == 1
     text = "\n".join(r.lines())
     assert "goodput share 70.0%" in text and "second ready pod: 5.0 s" in text
     # a 500 is an unexpected 5xx, and never reaching 2 replicas reads as "-"
     bad = build_report([_sample(t, 1) for t in range(1, 61)], [Outcome(1, "x", 500, "internal")], ramp)
     assert bad.unexpected_5xx == 1 and bad.overload_to_second_ready is None
     assert "second ready pod: -" in "\n".join(bad.lines())
+    # already scaled out when the overload began: nothing to time, and the report says so
+    warm = build_report([_sample(t, 3) for t in range(1, 61)], [], ramp)
+    assert warm.ready_at_overload == 3 and warm.overload_to_second_ready is None
+    assert "already 3 ready when the overload began" in "\n".join(warm.lines())
 
 
 def test_live_rows() -> None:
