@@ -20,8 +20,16 @@ shared: single runs of the same command differed by 1.4x in the pod/FastAPI rati
 table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU), writes JSON and a
 PNG under ``bench/results/``.
 
+``--in-process N`` measures the same no-op request without HTTP or wrk: each app (the pod's ASGI
+app on a started :class:`~sluiceway_pod.data_plane.DataPlane`, and the plain FastAPI app) is called
+``N`` times in a fresh process pinned to core 0, by 32 and by 1 concurrent callers, and the process
+CPU time (all threads) per request is printed. No sockets and no client share the core, so it is
+steadier than the wrk points on a loaded machine; to compare two trees, run it with ``PYTHONPATH``
+pointing at the other tree's ``inference-pod`` and ``core`` folders.
+
     python -m bench.overhead                  # 8 s per point, 3 repetitions of the no-op points
     python -m bench.overhead --duration 4 --reps 1 --servers sluiceway,fastapi
+    python -m bench.overhead --in-process 10000 --reps 3
 """
 
 from __future__ import annotations
@@ -163,7 +171,110 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def _inproc_worker(which: str, n: int, conc: int) -> dict[str, float]:
+    """In this process: call the app ``n`` times by ``conc`` concurrent callers (after 1000 warm-up
+    calls); returns CPU and wall microseconds per request."""
+    import asyncio
+    import time
+
+    import uvloop
+
+    body = small_body()
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/demo/infer", "query_string": b"",
+             "root_path": "", "scheme": "http", "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+
+    async def drive(app: Any, total: int) -> None:
+        async def one() -> None:
+            msgs = [{"type": "http.request", "body": body, "more_body": False}]
+            gone = asyncio.Event()
+
+            async def receive() -> dict[str, Any]:
+                if msgs:
+                    return msgs.pop()
+                await gone.wait()
+                return {"type": "http.disconnect"}
+
+            out: list[dict[str, Any]] = []
+
+            async def send(m: dict[str, Any]) -> None:
+                out.append(m)
+
+            await app(dict(scope), receive, send)
+            gone.set()
+            if out[0]["status"] != 200:
+                raise RuntimeError(f"status {out[0]['status']}: {out}")
+
+        async def caller(k: int) -> None:
+            for _ in range(k):
+                await one()
+
+        await asyncio.gather(*(caller(total // conc) for _ in range(conc)))
+
+    async def run() -> dict[str, float]:
+        if which == "sluiceway":
+            from prometheus_client import CollectorRegistry
+            from sluiceway_core.config import build_config
+            from sluiceway_pod.app import build_app
+            from sluiceway_pod.data_plane import DataPlane
+            from sluiceway_pod.metrics import PodMetrics
+
+            cfg = build_config({"model": {"spec": "synthetic:0", "warmupIterations": 1},
+                                "concurrency": {"permits": 2}, "queue": {"maxDepth": 256}})
+            plane = DataPlane(cfg, PodMetrics(CollectorRegistry(), cfg.model.name))
+            await plane.start()
+            app: Any = build_app(plane)
+        else:
+            from .baseline_fastapi import build_app as build_fastapi
+
+            app = build_fastapi(0.0)
+        await drive(app, 1000)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await drive(app, n)
+        done = n // conc * conc
+        return {"cpu_us": (time.process_time() - c0) / done * 1e6, "wall_us": (time.perf_counter() - t0) / done * 1e6}
+
+    return uvloop.run(run())
+
+
+def in_process(n: int, reps: int) -> int:
+    """The ``--in-process`` table: per repetition, each app in a fresh pinned process, order alternating."""
+    servers = ["sluiceway", "fastapi"]
+    meta = machine_info()
+    print(f"# in-process overhead {meta['started']}; load average {meta['load_average_start']}; core 0; "
+          f"{n} requests per point", flush=True)
+    got: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for rep in range(reps):
+        for name in servers if rep % 2 == 0 else list(reversed(servers)):
+            for conc in (32, 1):
+                cmd = [sys.executable, "-m", "bench.overhead", "--in-process-worker", name, str(n), str(conc)]
+                if pinning_possible():
+                    cmd = ["taskset", "-c", "0", *cmd]
+                env = dict(os.environ, OMP_NUM_THREADS="1", SLUICEWAY_SERVER__LOG_LEVEL="warning")
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, timeout=600).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                got.setdefault((name, conc), []).append(r)
+                print(f"  rep {rep + 1} {name} c={conc}: cpu {r['cpu_us']:.1f} us/req, wall {r['wall_us']:.1f} us/req",
+                      flush=True)
+    rows = [[name, str(conc), f"{_median([r['cpu_us'] for r in rs]):.1f}", f"{_median([r['wall_us'] for r in rs]):.1f}"]
+            for (name, conc), rs in got.items()]
+    print(f"\n## no-op through the ASGI app in-process (no HTTP), median of {reps} repetition(s)")
+    print(table(["app", "callers", "cpu us/req", "wall us/req"], rows))
+    for conc in (32, 1):
+        ours, peer = got[("sluiceway", conc)], got[("fastapi", conc)]
+        ratio = _median([a["cpu_us"] / b["cpu_us"] for a, b in zip(ours, peer, strict=True)])
+        print(f"  cpu/req ours/fastapi, {conc} caller(s): {ratio:.2f}")
+    print(f"# load average at end {load_average()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--in-process-worker"]:
+        print(json.dumps(_inproc_worker(argv[1], int(argv[2]), int(argv[3]))), flush=True)
+        return 0
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--connections", type=int, default=32)
@@ -171,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--elements", type=int, default=100_000, help="tensor size of the codec comparison")
     p.add_argument("--skip-pod-extras", action="store_true", help="no codec / 429 points")
     p.add_argument("--reps", type=int, default=3, help="no-op repetitions, order alternating; ratios are medians")
+    p.add_argument("--in-process", type=int, metavar="N", default=0,
+                   help="instead: N no-op calls per point through the ASGI apps in-process (no HTTP, no wrk)")
     ns = p.parse_args(argv)
+    if ns.in_process:
+        return in_process(ns.in_process, ns.reps)
     if shutil.which("wrk") is None:
         p.error("wrk is not installed (apt-get install wrk)")
     servers = ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi"] + (

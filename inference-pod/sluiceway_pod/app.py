@@ -9,26 +9,24 @@ protocol and the health probes; the metrics port (``server.metricsPort``, contai
 not exposed to tenants by the Service) serves ``/metrics`` and the health probes again, outside the
 inference port's connection limit.
 
-Order of work for an infer request: the declared ``Content-Length`` (413), then everything the
-headers decide (:meth:`~sluiceway_pod.data_plane.DataPlane.admit_headers`: key, model, priority,
-token bucket, queue room) and only then the body, read within ``server.bodyTimeoutSeconds`` (408). A
-refusal returns before the body is read; uvicorn discards the rest of it without buffering.
+The infer request itself (``POST /v2/models/{name}[/versions/{v}]/infer``) never reaches FastAPI:
+:class:`~sluiceway_pod.fastpath.InferFastPath` answers it on raw ASGI (its order of work: the
+declared ``Content-Length`` (413), then everything the headers decide, then the body within
+``server.bodyTimeoutSeconds`` (408)); every other request goes on to the FastAPI app built here.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
-from .data_plane import Admitted, DataPlane, error_response
-from .errors import BodyTimeout, ClientGone, ModelNotFound, PayloadTooLarge, SluicewayError
+from .data_plane import DataPlane, error_response
+from .errors import ModelNotFound, SluicewayError
 from .fastpath import InferFastPath
 from .openapi import openapi_document
 
@@ -76,8 +74,6 @@ class CloseWhileShuttingDown:
 def build_app(plane: DataPlane) -> ASGIApp:
     """The inference port: health, server and model metadata, infer."""
     app = FastAPI(title="sluiceway-pod", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
-    limit = plane.config.server.max_body_bytes
-    body_timeout = plane.config.server.body_timeout_seconds
     _add_probes(app, plane)
 
     @app.get("/v2")
@@ -109,41 +105,9 @@ def build_app(plane: DataPlane) -> ASGIApp:
         ok = plane.readiness()
         return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request, version: str | None = None) -> Response:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return _reply(plane.refuse(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}")))
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        admitted = plane.admit_headers(name, headers)
-        if not isinstance(admitted, Admitted):  # refused on the headers: the body is never read
-            return _reply(admitted)
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async with asyncio.timeout(body_timeout):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        return _reply(plane.refuse(PayloadTooLarge(f"body exceeds {limit} bytes")))
-                    chunks.append(chunk)
-        except ClientDisconnect:
-            return _reply(plane.refuse(ClientGone("the client disconnected while sending the body")))
-        except TimeoutError:
-            return _reply(plane.refuse(BodyTimeout(f"the request body did not arrive within {body_timeout:g}s")))
-
-        async def disconnected() -> None:
-            while True:
-                message = await request.receive()
-                if message["type"] == "http.disconnect":
-                    return
-
-        result = await plane.infer_body(admitted, b"".join(chunks), headers, disconnected)
-        return _reply(result)
-
-    # the infer route itself is served by the fast path (same order of work, no FastAPI per request)
-    return CloseWhileShuttingDown(InferFastPath(app, plane), plane)
+    # POST .../infer is answered by the fast path (sluiceway_pod.fastpath), before FastAPI; it adds
+    # ``Connection: close`` itself while shutting down, so only FastAPI's answers need the wrapper
+    return InferFastPath(CloseWhileShuttingDown(app, plane), plane)
 
 
 def build_admin_app(plane: DataPlane, registry: CollectorRegistry) -> FastAPI:

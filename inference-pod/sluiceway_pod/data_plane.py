@@ -436,20 +436,25 @@ class DataPlane:
     async def _await_answer(
         self, ticket: Any, fut: asyncio.Future[Any], disconnected: Callable[[], Awaitable[Any]] | None
     ) -> Tensors:
-        assert self.dispatcher is not None
-        if disconnected is None:
+        """The ticket's one answer. While it is queued, a watcher withdraws it if the client goes
+        away (the answer is then that 499). The watcher reports through a done-callback rather than
+        an ``asyncio.wait`` race: one task per queued request, no waiter futures."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        if disconnected is None or ticket.state != "queued":
+            # dispatched at once (or answered): a disconnect could withdraw nothing, so no watcher
             return await fut  # type: ignore[no-any-return]
+
+        def gone(w: asyncio.Future[Any]) -> None:
+            if not w.cancelled() and w.exception() is None:  # still queued: withdraw, fut gets the 499
+                dispatcher.withdraw(ticket, ClientGone("the client disconnected while queued"))
+
         watcher = asyncio.ensure_future(disconnected())
+        watcher.add_done_callback(gone)
         try:
-            done, _ = await asyncio.wait({fut, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            return await fut  # type: ignore[no-any-return]  # running when the client left: goes nowhere
         finally:
-            if not watcher.done():
-                watcher.cancel()
-        if fut in done:
-            return fut.result()  # type: ignore[no-any-return]
-        if self.dispatcher.withdraw(ticket, ClientGone("the client disconnected while queued")):
-            raise ClientGone("the client disconnected while queued")
-        return await fut  # type: ignore[no-any-return]  # already running: the answer goes nowhere
+            watcher.cancel()
 
     async def _ok_async(self, req: InferRequest, outputs: Tensors, degraded: str | None = None) -> Response:
         """Large answers are encoded in a worker thread (the loop keeps serving probes)."""

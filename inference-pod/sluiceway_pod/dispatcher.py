@@ -2,16 +2,22 @@
 
 Concurrency model
 -----------------
-One :class:`Dispatcher` belongs to one asyncio event loop (the server's). Its single background
-task wakes on new arrivals, finished batches and the core's next deadline, expires queued tickets
-and starts batches while permits are free. Each batch runs ``run_batch`` in a worker thread of a
-private :class:`~concurrent.futures.ThreadPoolExecutor` whose size equals the permit limit, so the
-event loop never blocks on the device. All :class:`~sluiceway_pod.admission.AdmissionCore` calls
-happen on the loop thread; worker threads only compute and report back through the loop
-(``call_soon_threadsafe``).
+One :class:`Dispatcher` belongs to one asyncio event loop (the server's). Batches start wherever a
+permit may have become free, on the loop thread: in :meth:`Dispatcher.submit` (a request arriving
+at a free permit with nothing queued is dispatched at once, without waking any task), when a batch
+finishes, and in the single background task. That task only keeps the core's timers: it sleeps until
+the next queue deadline, the end of a filling batch's wait or the moment a timed-out batch turns
+stuck, and is woken only when that moment moves earlier (or by :meth:`wake`, after a permit change).
+Each batch runs ``run_batch`` in a worker thread of a private
+:class:`~concurrent.futures.ThreadPoolExecutor` whose size equals the permit limit, so the event
+loop never blocks on the device, even for a tiny model (the hop is kept on purpose: the loop cannot
+know that a model is short before it has run it). All
+:class:`~sluiceway_pod.admission.AdmissionCore` calls happen on the loop thread; worker threads only
+compute and report back through the loop (``call_soon_threadsafe``).
 
-Timeouts: a batch that exceeds ``exec_timeout`` is answered 504 at once, but its permit is released
-only when the worker thread really returns, so the device is never double-booked.
+Timeouts: a batch that exceeds ``exec_timeout`` (a loop timer armed at its start) is answered 504 at
+once, but its permit is released only when the worker thread really returns, so the device is never
+double-booked.
 
 Stuck permits: a batch still running ``stuck_grace`` seconds after its execution budget ran out holds
 a *stuck* permit (a hung device or a model in an endless loop). :attr:`stuck` counts them (the main
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +64,18 @@ from .tenancy import Tenant
 log = logging.getLogger("sluiceway.dispatcher")
 
 P = TypeVar("P")
+
+
+class _Running:
+    """One batch whose device work has started: its execution timer, and whether its tickets have
+    already been answered (504 or shutdown) while the worker thread still runs."""
+
+    __slots__ = ("answered", "batch", "timer")
+
+    def __init__(self, batch: Batch[Any], timer: asyncio.TimerHandle) -> None:
+        self.batch = batch
+        self.timer = timer
+        self.answered = False
 
 
 class Dispatcher(Generic[P]):
@@ -86,10 +105,13 @@ class Dispatcher(Generic[P]):
         self._pool = ThreadPoolExecutor(max_workers=max_threads or core.limit, thread_name_prefix="sluiceway-device")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[int, _Running] = {}  # id(batch) -> its record, while its device work runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        # when the main task wakes by itself: inf = never, -inf = it is awake and will look anyway
+        self._sleep_until = -math.inf
+        self._stopped = False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -97,13 +119,17 @@ class Dispatcher(Generic[P]):
         self._task = asyncio.create_task(self._main(), name="sluiceway-dispatcher")
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for run in self._running.values():
+            run.timer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
+        """Let the main task re-examine the core (after a permit change or a removal)."""
         self._wake.set()
 
     # ------------------------------------------------------------------ submission
@@ -118,7 +144,8 @@ class Dispatcher(Generic[P]):
         client_budget: float | None,
         check_rate: bool = True,
     ) -> tuple[Ticket[P], asyncio.Future[Any]]:
-        """Admit (or raise the refusal). The future resolves to the result or raises the error."""
+        """Admit (or raise the refusal), and start it at once if a permit is free and it is next.
+        The future resolves to the result or raises the error."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
 
@@ -141,37 +168,117 @@ class Dispatcher(Generic[P]):
             check_rate=check_rate,
         )
         self._idle.clear()
-        self.wake()
+        self._pump()
         return ticket, fut
 
     def withdraw(self, ticket: Ticket[P], error: SluicewayError) -> bool:
         """The client went away: drop the ticket if it is still queued."""
         removed = self.core.cancel(ticket, error)
         if removed:
-            self.wake()
+            self._pump()
         return removed
+
+    # ------------------------------------------------------------------ dispatch
+    def _pump(self) -> None:
+        """On the loop: expire what is due, start batches while permits are free, and wake the main
+        task only if the core's next timer is now earlier than the main task's own wake-up."""
+        if self._stopped:
+            return
+        core = self.core
+        core.expire()
+        while (batch := core.next_batch()) is not None:
+            self._launch(batch)
+        if core.idle:
+            self._idle.set()
+        if core.depth:
+            nxt = core.next_wakeup()
+            if nxt is not None and nxt < self._sleep_until:
+                self._wake.set()
+
+    def _launch(self, batch: Batch[P]) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._started[id(batch)] = self.clock.now()  # before check_stuck sees the batch
+        timer = loop.call_later(self.exec_timeout, self._timed_out, batch)
+        self._running[id(batch)] = _Running(batch, timer)
+        self._pool.submit(self._work, loop, batch)
+
+    def _work(self, loop: asyncio.AbstractEventLoop, batch: Batch[P]) -> None:
+        """In a worker thread: run the batch and hand the outcome to the loop."""
+        outcome: tuple[Sequence[Any], float] | BaseException
+        try:
+            outcome = self._call([t.payload for t in batch.tickets])
+        except BaseException as e:
+            outcome = e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the pod is gone
+            loop.call_soon_threadsafe(self._done, batch, outcome)
+
+    def _timed_out(self, batch: Batch[P]) -> None:
+        """The execution budget ran out: answer 504 now; the permit waits for the thread."""
+        run = self._running.get(id(batch))
+        if run is None or run.answered:
+            return
+        self._answer_all(run, ExecTimeout(f"inference did not finish within {self.exec_timeout:.3f}s"))
+        self._wake.set()  # the main task times the moment this permit turns stuck
+
+    def _answer_all(self, run: _Running, err: SluicewayError) -> None:
+        run.answered = True
+        for t in run.batch.tickets:
+            if t.state != "done":
+                self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
+                t.resolve(error=err)
+
+    def _done(self, batch: Batch[P], outcome: tuple[Sequence[Any], float] | BaseException) -> None:
+        """On the loop: the worker thread has returned (the permit is free now)."""
+        run = self._running.pop(id(batch), None)
+        if run is None:
+            return
+        run.timer.cancel()
+        elapsed: float | None = None
+        if run.answered:  # 504 or shutdown answered it already: the outcome goes nowhere
+            pass
+        elif isinstance(outcome, SluicewayError):
+            if isinstance(outcome, DeviceOutOfMemory) and outcome.retry_after is None:
+                outcome.retry_after = self.core.retry_after()
+            self._answer_all(run, outcome)
+        elif isinstance(outcome, BaseException):
+            eid = new_error_id()
+            log.error(
+                "model failed on a batch of %d (error id %s)",
+                len(batch.tickets),
+                eid,
+                exc_info=(type(outcome), outcome, outcome.__traceback__),
+            )
+            self._answer_all(run, ModelError(f"the model failed; error id {eid} (see the pod's log)", error_id=eid))
+        else:
+            results, elapsed = outcome
+            if len(results) != len(batch.tickets):
+                self._answer_all(
+                    run, ModelError(f"the model returned {len(results)} results for a batch of {len(batch.tickets)}")
+                )
+            else:
+                for t, r in zip(batch.tickets, results, strict=True):
+                    t.resolve(result=r)
+        self._started.pop(id(batch), None)
+        self.core.finish(batch, elapsed)
+        self._pump()
 
     # ------------------------------------------------------------------ main loop
     async def _main(self) -> None:
         while True:
             self._wake.clear()
-            self.core.expire()
-            while (batch := self.core.next_batch()) is not None:
-                self._started[id(batch)] = self.clock.now()  # before check_stuck below sees the batches
-                task = asyncio.create_task(self._execute(batch))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
-            if self.core.idle:
-                self._idle.set()
+            self._pump()
             nxt = self.core.next_wakeup()
             turns_stuck = self.check_stuck()
             if turns_stuck is not None:
                 nxt = turns_stuck if nxt is None else min(nxt, turns_stuck)
+            self._sleep_until = math.inf if nxt is None else nxt
             timeout = None if nxt is None else max(0.0, nxt - self.clock.now())
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races a wake-up
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
+            self._sleep_until = -math.inf
 
     # ------------------------------------------------------------------ stuck permits
     def check_stuck(self) -> float | None:
@@ -229,60 +336,6 @@ class Dispatcher(Generic[P]):
         log.warning("device out of memory: permits shrunk to %d, retrying the batch once", limit)
         self._on_oom()
 
-    async def _execute(self, batch: Batch[P]) -> None:
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._pool, self._call, [t.payload for t in batch.tickets])
-        try:
-            done, _ = await asyncio.wait({work}, timeout=self.exec_timeout)
-        except asyncio.CancelledError:  # drain budget exhausted: answer, then let the task end
-            err0 = ExecTimeout("the server shut down before inference finished")
-            for t in batch.tickets:
-                self.core.obs.rejected(err0.reason, t.tenant, t.priority_label)
-                t.resolve(error=err0)
-            work.add_done_callback(lambda f: self._late_finish(f, batch))
-            raise
-        if not done:
-            err = ExecTimeout(f"inference did not finish within {self.exec_timeout:.3f}s")
-            for t in batch.tickets:
-                self.core.obs.rejected(err.reason, t.tenant, t.priority_label)
-                t.resolve(error=err)
-
-            work.add_done_callback(lambda f: self._late_finish(f, batch))
-            return
-        elapsed: float | None = None
-        try:
-            results, elapsed = work.result()
-            if len(results) != len(batch.tickets):
-                raise ModelError(f"the model returned {len(results)} results for a batch of {len(batch.tickets)}")
-        except SluicewayError as e:
-            if isinstance(e, DeviceOutOfMemory) and e.retry_after is None:
-                e.retry_after = self.core.retry_after()
-            for t in batch.tickets:
-                self.core.obs.rejected(e.reason, t.tenant, t.priority_label)
-                t.resolve(error=e)
-        except Exception:
-            eid = new_error_id()
-            log.exception("model failed on a batch of %d (error id %s)", len(batch.tickets), eid)
-            failure = ModelError(f"the model failed; error id {eid} (see the pod's log)", error_id=eid)
-            for t in batch.tickets:
-                self.core.obs.rejected(failure.reason, t.tenant, t.priority_label)
-                t.resolve(error=failure)
-        else:
-            for t, r in zip(batch.tickets, results, strict=True):
-                t.resolve(result=r)
-        self._finish(batch, elapsed)
-
-    def _late_finish(self, f: asyncio.Future[tuple[Sequence[Any], float]], batch: Batch[P]) -> None:
-        """Device work whose tickets were already answered (504) has really ended: free the permit."""
-        if not f.cancelled():
-            f.exception()  # retrieve, so it is not logged as unhandled
-        self._finish(batch, None)
-
-    def _finish(self, batch: Batch[P], elapsed: float | None) -> None:
-        self._started.pop(id(batch), None)
-        self.core.finish(batch, elapsed)
-        self.wake()
-
     # ------------------------------------------------------------------ drain
     async def drain(self, budget: float) -> bool:
         """Refuse new work, let queued and running work finish within ``budget`` seconds.
@@ -297,8 +350,9 @@ class Dispatcher(Generic[P]):
             return True
         except TimeoutError:
             self.core.reject_all_queued(lambda: Draining("drain budget exhausted before this request ran"))
-            for task in list(self._running):
-                task.cancel()
+            for run in list(self._running.values()):
+                if not run.answered:
+                    self._answer_all(run, ExecTimeout("the server shut down before inference finished"))
             return False
 
     async def _wait_idle(self) -> None:

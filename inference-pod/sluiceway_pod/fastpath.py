@@ -4,10 +4,10 @@ A profile of the pod serving a no-op model (``bench/overhead.py``, docs/benchmar
 two thirds of the event loop's time per request in FastAPI/Starlette itself (route matching over
 every route, dependency solving for the path parameters, ``Request``/``Response`` objects), more
 than decoding, admission and metrics together. :class:`InferFastPath` answers
-``POST /v2/models/{name}[/versions/{version}]/infer`` directly and hands every other request to the
-wrapped (FastAPI) app.
+``/v2/models/{name}[/versions/{version}]/infer`` directly (POST; any other method gets 405) and
+hands every other request to the wrapped (FastAPI) app, which has no infer route.
 
-The order of work is the FastAPI route's (:mod:`sluiceway_pod.app`): the declared
+The order of work: the declared
 ``Content-Length`` (413), then everything the headers decide
 (:meth:`~sluiceway_pod.data_plane.DataPlane.admit_headers`), and only then the body, read within
 ``server.bodyTimeoutSeconds`` (408); a refusal returns before the body is read.
@@ -43,6 +43,9 @@ def infer_model_name(path: str) -> str | None:
     return None
 
 
+_NOT_ALLOWED = {"content-type": "application/json", "allow": "POST"}
+
+
 class _Disconnected(Exception):
     pass
 
@@ -53,10 +56,14 @@ class InferFastPath:
         self.plane = plane
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
             name = infer_model_name(scope["path"])
             if name is not None:
-                await _send(send, await self._infer(name, scope, receive))
+                if scope["method"] == "POST":
+                    r = await self._infer(name, scope, receive)
+                else:  # the infer paths take POST only (as a FastAPI route would answer)
+                    r = Response(405, b'{"detail":"Method Not Allowed"}', dict(_NOT_ALLOWED))
+                await _send(send, r, self.plane.shutting_down)
                 return
         await self.app(scope, receive, send)
 
@@ -105,8 +112,10 @@ class InferFastPath:
         return await plane.infer_body(admitted, body, headers, disconnected)
 
 
-async def _send(send: Send, r: Response) -> None:
+async def _send(send: Send, r: Response, closing: bool) -> None:
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()]
     raw.append((b"content-length", str(len(r.body)).encode()))
+    if closing:  # after SIGTERM: clients reconnect (to other replicas), see app.CloseWhileShuttingDown
+        raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": r.status, "headers": raw})
     await send({"type": "http.response.body", "body": r.body})

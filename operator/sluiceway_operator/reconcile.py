@@ -82,6 +82,7 @@ class ApplyOutcome:
     keda: bool
     #: The spec's tenants and their quotas, and where they hold ("service" or "pod").
     tenant_quotas: tuple[TenantQuota, ...] = ()
+    default_quota: TenantQuota | None = None
     quota_scope: str | None = None
 
 
@@ -200,6 +201,7 @@ class Reconciler:
                 tenant_quotas=tuple(
                     TenantQuota(tn.name, tn.rate, tn.max_concurrent) for tn in spec.tenants or []
                 ),
+                default_quota=TenantQuota("", spec.access.defaults.rate, spec.access.defaults.max_concurrent),
                 quota_scope="service" if shared else "pod",
             )
 
@@ -455,6 +457,7 @@ class Reconciler:
             builtin_note=sig.builtin_note if sig else None,
             signals_read=sig is not None,
             tenant_quotas=applied.tenant_quotas,
+            default_quota=applied.default_quota,
             quota_scope=applied.quota_scope,
             tenant_admitted=sig.tenant_admitted if sig else None,
         )

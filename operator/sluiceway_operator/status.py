@@ -57,6 +57,8 @@ class Observed:
     signals_read: bool = True
     #: The spec's tenants and their quotas (spec path).
     tenant_quotas: tuple[TenantQuota, ...] = ()
+    #: ``access.defaults``' quota, which holds every tenant the spec does not list (name unused).
+    default_quota: TenantQuota | None = None
     #: "service" when the pods lease their shares from the quota coordinator, else "pod".
     quota_scope: str | None = None
     #: Requests answered 2xx per second over all pods, per tenant label (Prometheus); None = unknown.
@@ -83,7 +85,7 @@ def _tenant_rows(o: Observed) -> list[dict[str, Any]]:
     rows = []
     for name in names:
         row: dict[str, Any] = {"name": name}
-        q = quotas.get(name)
+        q = quotas.get(name, o.default_quota)
         if q is not None and q.rate is not None:
             row["quotaRate"] = q.rate
         if q is not None and q.max_concurrent is not None:

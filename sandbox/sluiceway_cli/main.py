@@ -27,10 +27,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return sandbox_main(rest)
     if command == "demo":
-        import importlib
+        from sluiceway_sandbox.demo import main as demo_main
 
-        demo = importlib.import_module("sluiceway_sandbox.demo")  # provided by the demo's owner
-        return int(demo.main(rest))
+        return demo_main(rest)
     print(f"sluiceway: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
     return 2
 

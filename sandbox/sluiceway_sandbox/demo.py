@@ -71,7 +71,9 @@ class Ramp:
     below: float = 30.0  # seconds at 0.5x
     at: float = 30.0  # seconds at 1x
     over: float = 60.0  # seconds at 3x
-    off: float = 60.0  # seconds of silence (replicas fall after the scale-down window)
+    # seconds of silence: replicas fall once the scaler's 1 m rate window has emptied and its 20 s
+    # scale-down hold has passed (measured: still 4 of 4 ready 35 s after the load stopped)
+    off: float = 120.0
     over_factor: float = 3.0
 
     def phases(self) -> list[Phase]:
@@ -92,8 +94,8 @@ class Ramp:
 
     @classmethod
     def short(cls) -> Ramp:
-        """A quick ramp for tests (about 1.5 minutes)."""
-        return cls(below=10.0, at=10.0, over=40.0, off=35.0)
+        """A quicker ramp (2.5 minutes)."""
+        return cls(below=10.0, at=10.0, over=40.0, off=90.0)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class DemoReport:
     ready_at_overload: int | None  # ready replicas when the 3x phase began (>= 2: nothing to time)
     first_ready_endpoint: float | None  # seconds from applying the sample to a ready endpoint
     replicas_after_off: int | None  # ready replicas at the end of the silent phase
+    off_to_min_desired: float | None  # seconds from the load stopping to desired back at the minimum
     samples: list[Sample] = field(default_factory=list)
     plot: str = ""
 
@@ -143,6 +146,7 @@ class DemoReport:
             f"overload (3x capacity) -> second ready pod: {sec(self.overload_to_second_ready)}"
             + (f" (already {self.ready_at_overload} ready when the overload began)"
                if (self.ready_at_overload or 0) >= 2 else ""),
+            f"load stopped -> desired back at the minimum: {sec(self.off_to_min_desired)}",
             f"ready replicas at the end: {self.replicas_after_off if self.replicas_after_off is not None else '-'}",
             *([f"plot: {self.plot}"] if self.plot else []),
         ]
@@ -156,7 +160,7 @@ class DemoReport:
 
 
 def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: Ramp,
-                 first_ready_endpoint: float | None = None) -> DemoReport:
+                 first_ready_endpoint: float | None = None, min_replicas: int = 1) -> DemoReport:
     s = summarize(outcomes, ramp.seconds)
     before = [x for x in samples if x.t < ramp.overload_start]
     at_overload = before[-1].ready if before else None
@@ -164,7 +168,11 @@ def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: R
     if at_overload is not None and at_overload < 2:
         second = next((x.t - ramp.overload_start for x in samples
                        if x.t >= ramp.overload_start and (x.ready or 0) >= 2), None)
+    off_start = ramp.overload_start + ramp.over
+    scaled_out = any((x.desired or 0) > min_replicas for x in samples if x.t < off_start)
+    back = next((x.t - off_start for x in samples if x.t >= off_start and x.desired == min_replicas), None)
     return DemoReport(
+        off_to_min_desired=back if scaled_out else None,
         sent=s.sent, ok=s.ok, goodput_share=s.goodput_share, codes=s.codes, reasons=s.reasons,
         unexpected_5xx=s.unexpected_5xx, shed_without_reason=s.shed_without_reason,
         peak_desired=max((x.desired or 0 for x in samples), default=0),
@@ -350,7 +358,7 @@ def run_demo(
             finally:
                 stop.set()
                 thread.join(timeout=30)
-        report = build_report(samples, list(outcomes), ramp, first_ready)
+        report = build_report(samples, list(outcomes), ramp, first_ready, minimum)
         plot = write_plot(report, ramp, out_dir / "sluiceway-demo.png")
         report = dataclasses.replace(report, plot=str(plot))
         (out_dir / "sluiceway-demo.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
@@ -463,7 +471,7 @@ def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="sandbox state directory (default $SLUICEWAY_SANDBOX_DIR or "
                    "~/.cache/sluiceway/sandbox)")
     p.add_argument("--out-dir", type=Path, default=Path.cwd(), help="where sluiceway-demo.png/.json go")
-    p.add_argument("--short", action="store_true", help="a ~1.5 minute ramp instead of 3 minutes")
+    p.add_argument("--short", action="store_true", help="a 2.5 minute ramp instead of 4 minutes")
     for phase, default in (("below", Ramp.below), ("at", Ramp.at), ("over", Ramp.over), ("off", Ramp.off)):
         p.add_argument(f"--{phase}", type=float, help=f"seconds of the '{phase}' phase (default {default:g})")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")

@@ -390,7 +390,6 @@ def test_quota_coordinator_reaches_the_operator(
 ) -> None:
     """scaler.quota.enabled: the operator points the pods at the scaler's quota port, with the
     scaler's lease; the operator reads the settings and renders a pod config the pod accepts."""
-    from operator_support import load_case
     from sluiceway_core.config import PodConfig
     from sluiceway_operator.render import Environment, Owner, render
     from sluiceway_operator.settings import config_from_env

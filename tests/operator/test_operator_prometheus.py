@@ -207,6 +207,9 @@ def _isvc() -> dict[str, Any]:
                 "targetWaitP95": "1m",
                 "scaleDown": {"stabilizationWindow": f"{WINDOW:g}s", "maxPodsPerPeriod": 1, "period": f"{PERIOD:g}s"},
             },
+            # A quota for unlisted callers makes the operator publish status.tenants (the pod
+            # process here runs its own config; only the status is under test).
+            "access": {"defaults": {"rate": "1000/s"}},
         },
     }
 
@@ -328,6 +331,27 @@ def _scenario(view: View, pod: PodProcess, prometheus: PrometheusProcess) -> Non
     # Without the window the first drift run that saw the empty queue (about a second) would shrink.
     assert t_drop - t_zero >= WINDOW / 2, (t_drop - t_zero, WINDOW)
     assert held_msg, "no status showed the replicas held by the stabilisation window at queue 0"
+
+    # status.tenants: the admitted rate service-wide from Prometheus (a 2-minute rate, so the load
+    # that just ended still shows), next to the access.defaults quota that holds the anonymous tenant.
+    # Read after the drain measurement so that waiting here cannot lengthen the load.
+    tenant_row: dict[str, Any] = {}
+
+    def tenant_reported() -> bool:
+        st = view.status()
+        row = next((t for t in st.get("tenants") or [] if t.get("name") == "anonymous"), {})
+        if float(str(row.get("admittedRate", "0/s")).removesuffix("/s")) > 0:
+            tenant_row.update(row, quotaScope=st.get("quotaScope"))
+        return bool(tenant_row)
+
+    try:
+        wait_for(tenant_reported, 60, 0.25, "the anonymous tenant's admitted rate (> 0) in status.tenants")
+    except BaseException:
+        print(f"status {view.status()}")
+        print("admitted by Prometheus:", view.prom.query(Queries.build(NS, NAME).tenant_admitted_rate))
+        raise
+    print(f"status.tenants row {tenant_row}")
+    assert tenant_row["quotaRate"] == "1000/s" and tenant_row["quotaScope"] == "pod", tenant_row
     assert MIN <= after_drop < peak
 
     # 4. Prometheus goes away mid-descent: AutoscalingReady=False (SignalsUnavailable), replicas hold.

@@ -58,7 +58,7 @@ def test_settings_read_the_coordinator_from_the_environment() -> None:
     bare = config_from_env({})
     assert (bare.quota_coordinator_url, bare.quota_lease_seconds) == (None, 3.0)
     for bad in ("soon", "0.1", "120"):
-        with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_LEASE_SECONDS must be seconds within 0.5..60"):
+        with pytest.raises(ValueError, match=r"SLUICEWAY_QUOTA_LEASE_SECONDS must be seconds within 0\.5\.\.60"):
             config_from_env({"SLUICEWAY_QUOTA_LEASE_SECONDS": bad})
     with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_COORDINATOR_URL must be an http"):
         config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": "sluiceway-scaler:9092"})
@@ -143,6 +143,13 @@ def test_status_shows_each_tenants_quota_next_to_its_admitted_rate() -> None:
     # Prometheus unknown: the quotas alone, no invented rates
     st = compute_status(_obs(tenant_quotas=QUOTAS, quota_scope="pod"), None, "T")
     assert st["tenants"] == [{"name": "reports"}, {"name": "search", "quotaRate": "100/s", "maxConcurrent": 8}]
+    # tenants the spec does not list (anonymous, other) are held to access.defaults
+    st = compute_status(
+        _obs(tenant_quotas=QUOTAS, default_quota=TenantQuota("", "5/s", None), tenant_admitted={"anonymous": 4.0}),
+        None,
+        "T",
+    )
+    assert st["tenants"][0] == {"name": "anonymous", "quotaRate": "5/s", "admittedRate": "4/s"}
     bare = compute_status(_obs(), None, "T")
     assert bare["tenants"] is None and bare["quotaScope"] is None  # null: the merge patch removes them
 

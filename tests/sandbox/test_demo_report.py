@@ -61,6 +61,7 @@ def test_report_numbers() -> None:
     assert r.unexpected_5xx == 0 and r.shed_without_reason == 0
     assert r.reasons == {"429 rate_limited": 20, "503 queue_timeout": 9, "timeout -": 1}
     assert r.replicas_after_off == 1 and r.first_ready_endpoint == 4.5 and r.ready_at_overload == 1
+    assert r.off_to_min_desired == 5  # the load stopped at t=40; desired was 1 again at t=45
     text = "\n".join(r.lines())
     assert "goodput share 70.0%" in text and "second ready pod: 5.0 s" in text
     # a 500 is an unexpected 5xx, and never reaching 2 replicas reads as "-"
@@ -97,3 +98,32 @@ def test_cli_refuses_bad_durations_before_doing_anything(capsys: pytest.CaptureF
 
     assert main(["--over", "0", "--state-dir", "/nonexistent/never-used"]) == 2
     assert "phase durations" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_observe_samples_each_second(live: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sampling loop with stand-ins for Prometheus and the API (the real ones: the e2e test)."""
+    import time
+
+    from sluiceway_sandbox import demo
+
+    class Prom:
+        def read(self) -> tuple[float | None, float | None]:
+            return 3.0, 0.2
+
+    class Api:
+        def get(self, path: str) -> dict[str, object]:
+            assert path == "/apis/apps/v1/namespaces/ns/deployments/n"
+            return {"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}
+
+    ramp = Ramp(capacity=40, below=1, at=1, over=1, off=0.5)
+    outs = [Outcome(0.5, "a", 200, latency=0.1), Outcome(0.6, "a", 429, "rate_limited")]
+    lines: list[str] = []
+    samples = demo._observe(ramp, [(0.5, 0), (0.6, 0), (1.5, 0)], outs, Prom(), Api(), "ns", "n",  # type: ignore[arg-type]
+                            time.monotonic(), live, lines.append)
+    assert [round(s.t) for s in samples] == [1, 2, 3]
+    assert samples[0].offered == 2.0 and samples[1].offered == 1.0 and samples[0].goodput == 1.0
+    assert samples[-1].answers == {"200": 1, "429": 1}
+    assert (samples[-1].desired, samples[-1].ready, samples[-1].queue_depth) == (2, 1, 3.0)
+    if live:
+        assert "429 rate_limited:1" in capsys.readouterr().out

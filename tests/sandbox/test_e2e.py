@@ -104,6 +104,12 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
         lines = out.stdout.strip().splitlines()
         assert lines[-1] == f"KUBECONFIG={layout.kubeconfig}", lines[-5:]
         assert Path(lines[-1].split("=", 1)[1]).is_absolute()
+        # idempotent: a second up keeps every running process and ends the same way
+        before = {r.name: (r.pid, r.start) for r in recorded(layout.pids_dir)}
+        again = cli(layout, "up", "--no-build", "--timeout", "150", timeout=300)
+        assert again.returncode == 0, f"second up failed:\n{again.stdout[-3000:]}\n{again.stderr[-3000:]}"
+        assert again.stdout.strip().splitlines()[-1] == lines[-1]
+        assert {r.name: (r.pid, r.start) for r in recorded(layout.pids_dir)} == before
         yield layout
     finally:
         down = cli(layout, "down", timeout=180)
@@ -258,7 +264,15 @@ def test_whole_loop(sandbox: Layout) -> None:
     for ip in ips:
         assert ip and not listening(ip, 8080) and not listening(ip, 9091), ip
 
-    # 6. no RBAC denial in the controllers' logs (they ran under the chart's ServiceAccounts).
+    # 6. status and logs, as a user reads them.
+    st = cli(layout, "status", timeout=60)
+    assert st.returncode == 0 and f"KUBECONFIG={layout.kubeconfig}" in st.stdout, st.stdout + st.stderr
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "agent", "proxy", "prometheus"):
+        assert any(line.startswith(name) and line.endswith("running") for line in st.stdout.splitlines()), st.stdout
+    logs = cli(layout, "logs", "sluiceway-system/sluiceway-scaler", timeout=60)
+    assert logs.returncode == 0 and "==> scaler" in logs.stdout, logs.stderr
+
+    # 7. no RBAC denial in the controllers' logs (they ran under the chart's ServiceAccounts).
     for prefix in ("sluiceway-operator", "sluiceway-scaler"):
         text = component_logs(layout, prefix)
         assert text, f"no logs for {prefix}"

@@ -125,7 +125,10 @@ def test_stream_is_active_via_prometheus(pod: Pod, prometheus: Prometheus, scale
 def test_load_step_scales_up_fast_and_down_only_after_window(
     pod: Pod, prometheus: Prometheus, scaler: Scaler
 ) -> None:
-    md = metadata(prometheus)
+    # The backlog and wait terms only: with the utilisation target off there is no demand term,
+    # whose answer (what the offered rate needs) may fall while the load still runs, and then the
+    # window would start before the load stops (tests/core/test_policy_terms.py covers that term).
+    md = metadata(prometheus, targetUtilisationPercent="0")
     wait_for(lambda: get_metric(scaler, md) == 1.0, 30, "GetMetrics = 1 at idle")
 
     load = Load(pod.infer_url, clients=12, seconds=6).start()

@@ -50,6 +50,9 @@ class NodeContext:
     allocate_ip: Callable[[str, str | None], str]
     release_ip: Callable[[str], None]
     backoff_cap: float = 20.0
+    #: (layout, pod uid, ip) -> netns name, and its undo: injected so tests can run without root
+    network_up: Callable[[Layout, str, str], str] = pod_network_up
+    network_down: Callable[[str], None] = pod_network_down
 
 
 @dataclass
@@ -234,7 +237,7 @@ class PodWorker(threading.Thread):
         try:
             if self.ip is None:
                 self.ip = self.ctx.allocate_ip(self.uid, (pod.get("status") or {}).get("podIP"))
-                self.netns = pod_network_up(self.ctx.layout, self.uid, self.ip)
+                self.netns = self.ctx.network_up(self.ctx.layout, self.uid, self.ip)
                 self.start_time = now_iso()
                 self.transitions["PodReadyToStartContainers"] = ("True", now_iso())
                 with self.lock:
@@ -251,6 +254,7 @@ class PodWorker(threading.Thread):
             if not hf.exists():
                 hf.parent.mkdir(parents=True, exist_ok=True)
                 hf.write_text("127.0.0.1\tlocalhost\n")
+            self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
             for c in [*self.init, *self.containers]:
                 self._argv(c)  # image and config errors surface now, before anything starts
@@ -590,7 +594,7 @@ class PodWorker(threading.Thread):
     def _teardown(self) -> None:
         self._kill_all(0)
         if self.ip is not None:
-            pod_network_down(self.uid)
+            self.ctx.network_down(self.uid)
             self.ctx.release_ip(self.uid)
             self.ip = None
         shutil.rmtree(self.dir, ignore_errors=True)
