@@ -14,6 +14,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 from scaler_support import INFER_BODY, NAMESPACE, SERVICE, Load, Pod, Prometheus, Scaler, ref
+from sluiceway_core.policy import Signals
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler.prom import PrometheusSource, Queries
 
@@ -137,9 +138,12 @@ def test_load_step_scales_up_fast_and_down_only_after_window(
     print(f"\nload step -> GetMetrics >= 3 after {rise:.2f}s (scrape interval 1s)")
 
     # The signals behind it are real: backlog, wait p95 and both rates from Prometheus.
-    signals, pods_up = PrometheusSource().read_signals(
-        prometheus.url, Queries.build(NAMESPACE, SERVICE, "5s"), 2
-    )
+    def read() -> tuple[Signals, int | None]:
+        return PrometheusSource().read_signals(prometheus.url, Queries.build(NAMESPACE, SERVICE, "5s"), 2)
+
+    # rate() needs two scrapes of a series inside its window: give the histogram a few seconds
+    wait_for(lambda: read()[0].wait_p95 is not None, 5, "a wait p95 under load")
+    signals, pods_up = read()
     assert signals.ok and (signals.queue_depth or 0) > 0
     assert signals.wait_p95 is not None and signals.wait_p95 > 0
     assert (signals.arrival_rate or 0) > 0 and (signals.completion_rate or 0) > 0
