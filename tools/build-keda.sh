@@ -29,7 +29,7 @@ mkdir -p "$out.tmp"
 P=github.com/kedacore/keda/v2/version
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 cd "$here"
-echo "build-keda.sh: building KEDA $version (operator, then adapter; ~6-7 min cold on 2 cores)" >&2
+echo "build-keda.sh: building KEDA $version (operator, then adapter; about 18 CPU-minutes cold)" >&2
 go build -trimpath -o "$out.tmp/keda-operator" -ldflags "-s -w -X $P.Version=$version" \
   github.com/kedacore/keda/v2/cmd/operator >&2
 go build -trimpath -o "$out.tmp/keda-adapter" -ldflags "-s -w -X $P.Version=$version" \

@@ -34,7 +34,7 @@ mkdir -p "$out.tmp"
 V=github.com/prometheus/common/version
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 cd "$here"
-echo "build-prometheus.sh: building Prometheus $release (prometheus, promtool; minutes on first use)" >&2
+echo "build-prometheus.sh: building Prometheus $release (prometheus, promtool; about 12 CPU-minutes cold)" >&2
 go build -trimpath -o "$out.tmp/" -ldflags "-s -w -X $V.Version=$release -X $V.Branch=module" \
   github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool >&2
 rm -rf "$out"; mv "$out.tmp" "$out"

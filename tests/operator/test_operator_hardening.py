@@ -67,9 +67,12 @@ def kubeconfig(control_plane: ControlPlane, admin: Admin) -> Path:
     return operator_kubeconfig(control_plane, admin, OP_NS)
 
 
-@pytest.fixture(scope="module")
-def operator_process(control_plane: ControlPlane, kubeconfig: Path) -> Iterator[Path]:
-    log = control_plane.workdir / "operator-hardening.log"
+@pytest.fixture
+def operator_process(control_plane: ControlPlane, kubeconfig: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    # One operator per test, its log checked for RBAC denials when the test ends. Module-scoped, it
+    # also lived through the API-server restart of the fault tests below, and a restarted API server
+    # answers 403 until its RBAC caches have synced: a denial the fault causes, not the chart's RBAC.
+    log = control_plane.workdir / f"operator-{request.node.name}.log"
     with run_operator(kubeconfig, log, NS, "--drift-interval", "1", "--signals-interval", "1") as path:
         yield path
 
