@@ -6,7 +6,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from sluiceway_sandbox.agent.runtime import order_mounts, prologue
+from sluiceway_sandbox.agent.runtime import host_paths, order_mounts, prologue
 from sluiceway_sandbox.agent.volumes import Mount, VolumeError, materialise, mounts_for
 
 POD = {
@@ -104,3 +104,19 @@ def test_a_mount_over_tmp_comes_after_mounts_whose_sources_it_would_hide() -> No
     assert script.index("/etc/hosts") < script.index("mount --bind /tmp/state/pods/u/volumes/tmp /tmp")
     assert "mount -o remount,bind,ro /var/run/secrets/kubernetes.io/serviceaccount" in script
     assert script.rstrip().endswith('exec "$@"') and "cd /work" in script
+
+
+def test_a_mount_over_tmp_keeps_the_checkout_and_python_visible() -> None:
+    """CI may clone the repository (and a virtualenv may live) under /tmp; the chart's pods mount an
+    emptyDir on /tmp. The entrypoints must still find the interpreter and the editable checkout."""
+    tmp = Mount(Path("/var/lib/state/pods/u/volumes/tmp"), "/tmp", False)
+    script = prologue([tmp], None, None, None, ["/tmp/clone", "/usr/local", "/tmp/venv"])
+    lines = script.splitlines()
+    over = lines.index("mount --bind /var/lib/state/pods/u/volumes/tmp /tmp")
+    park = [i for i, ln in enumerate(lines) if ln.endswith(("/run/sluiceway-keep/0", "/run/sluiceway-keep/1"))]
+    back = [i for i, ln in enumerate(lines) if "mount --bind /run/sluiceway-keep/" in ln]
+    assert len(park) == 2 and all(i < over for i in park)  # parked before the emptyDir hides them
+    assert len(back) == 2 and all(i > over for i in back)  # and bound back at their own paths after
+    assert "mount --bind /run/sluiceway-keep/0 /tmp/clone" in script
+    assert "/usr/local" not in script  # not under any mount: left alone
+    assert host_paths() and all(p != "/" for p in host_paths())

@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,14 +27,39 @@ class Launch:
     cwd: str | None
 
 
-def prologue(mounts: Sequence[Mount], hosts: Path | None, resolv: Path | None, cwd: str | None) -> str:
-    """The shell run inside the pod's namespaces before the entrypoint (pure; unit-tested)."""
+#: Where host directories that a volume would hide are parked while the volumes are mounted.
+KEEP_STAGE = "/run/sluiceway-keep"
+
+
+def host_paths() -> list[str]:
+    """Host directories the entrypoints run from: the Python installation and this checkout (an
+    editable install imports the packages from it). A volume mounted over one of their parents (an
+    emptyDir on ``/tmp`` while the checkout or a virtualenv lives under ``/tmp``) must not hide them."""
+    checkout = str(Path(__file__).resolve().parents[3])
+    return sorted({p for p in (sys.prefix, sys.base_prefix, checkout) if p and p != "/"})
+
+
+def prologue(
+    mounts: Sequence[Mount],
+    hosts: Path | None,
+    resolv: Path | None,
+    cwd: str | None,
+    keep: Sequence[str] = (),
+) -> str:
+    """The shell run inside the pod's namespaces before the entrypoint (pure; unit-tested).
+
+    ``keep``: host directories that must stay visible; any of them under a mount target is bind-
+    mounted aside first and back at its own path after the volumes (the mount namespace is private,
+    so the host sees none of this)."""
     lines = ["set -e"]
     binds: list[Mount] = list(mounts)
     if hosts is not None:
         binds.append(Mount(hosts, "/etc/hosts", True))
     if resolv is not None:
         binds.append(Mount(resolv, "/etc/resolv.conf", True))
+    hidden = [k for k in keep if any(_under(k, m.target) for m in binds)]
+    for i, k in enumerate(hidden):
+        lines.append(f"mkdir -p {KEEP_STAGE}/{i} && mount --bind {shlex.quote(k)} {KEEP_STAGE}/{i}")
     for m in order_mounts(binds):
         src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
         if m.source.is_dir():
@@ -43,6 +69,8 @@ def prologue(mounts: Sequence[Mount], hosts: Path | None, resolv: Path | None, c
         lines.append(f"mount --bind {src} {dst}")
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {dst}")
+    for i, k in enumerate(hidden):
+        lines.append(f"mkdir -p {shlex.quote(k)} && mount --bind {KEEP_STAGE}/{i} {shlex.quote(k)}")
     if cwd:
         lines.append(f"cd {shlex.quote(cwd)}")
     lines.append('exec "$@"')
@@ -75,7 +103,7 @@ def launch(
     log: Path,
     pid_file: Path,
 ) -> subprocess.Popen[bytes]:
-    script = prologue(mounts, hosts, resolv, spec.cwd)
+    script = prologue(mounts, hosts, resolv, spec.cwd, host_paths())
     argv = ["ip", "netns", "exec", netns, "sh", "-c", script, "sluiceway-container", *spec.argv]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
