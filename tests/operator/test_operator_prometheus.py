@@ -328,8 +328,12 @@ def _scenario(view: View, pod: PodProcess, prometheus: PrometheusProcess) -> Non
         f"drained: Prometheus queue 0, replicas held at {peak} for {t_drop - t_zero:.1f}s "
         f"(window {WINDOW:g}s), then {after_drop}; held message: {held_msg!r}"
     )
-    # Without the window the first drift run that saw the empty queue (about a second) would shrink.
-    assert t_drop - t_zero >= WINDOW / 2, (t_drop - t_zero, WINDOW)
+    # Without the window the first signals tick that saw the empty queue (about a second) would
+    # shrink. The window counts from the last high *recommendation*, which the engine may have made
+    # a few seconds before this test saw Prometheus at 0 (the backlog drains before the scrape shows
+    # it, and the wait term now scales the ready pods only), so the bound here is a quarter window;
+    # the exact window arithmetic is tested in tests/scaler/test_policy.py.
+    assert t_drop - t_zero >= WINDOW / 4, (t_drop - t_zero, WINDOW)
     assert held_msg, "no status showed the replicas held by the stabilisation window at queue 0"
 
     # status.tenants: the admitted rate service-wide from Prometheus (a 2-minute rate, so the load
