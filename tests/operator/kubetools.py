@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
+from netports import free_port as _free_port
 from sluiceway_operator.kube import ApiError, Kube
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,11 +37,6 @@ for _p in (ROOT / "operator", ROOT / "inference-pod"):
 ADMIN_TOKEN = "sluiceway-admin-token"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kube_bin_dir() -> tuple[Path | None, str]:

@@ -26,16 +26,12 @@ from sluiceway_sandbox.layout import KEDA_OPERATOR_IMAGE, layout_for
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 from kubetools import ADMIN_TOKEN, ControlPlane, control_plane, write_kubeconfig  # noqa: E402
+from netports import free_port as _free_port  # noqa: E402
 
 __all__ = ["control_plane"]
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _call(cp: ControlPlane, method: str, path: str, body: Any = None) -> tuple[int, Any]:

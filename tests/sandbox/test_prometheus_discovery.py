@@ -6,7 +6,6 @@ inferenceservice and pod, so that the scaler's PromQL (sluiceway_core.signals) r
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import sys
 import threading
@@ -32,16 +31,12 @@ from sluiceway_sandbox.prometheus import (
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 from kubetools import ADMIN_TOKEN, ControlPlane, control_plane  # noqa: E402
+from netports import free_port as _free_port  # noqa: E402
 
 __all__ = ["control_plane"]
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.prometheus, pytest.mark.slow]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _call(cp: ControlPlane, method: str, path: str, body: Any = None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from netports import free_port as free_port  # re-exported
 from prometheus_client import CollectorRegistry
 from promtools import PROMETHEUS as PROMETHEUS  # re-exported for conftest.py
 from promtools import PrometheusProcess
@@ -32,11 +33,6 @@ RULES = ROOT / "operator" / "sluiceway_scaler" / "rules.yaml"
 NAMESPACE, SERVICE = "team-a", "demo"
 INFER_BODY = b'{"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"FP32","data":[1.0]}]}'
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
