@@ -26,22 +26,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sluiceway_pod.models import SyntheticRunner, TensorSpec
 
+from .peer_app import new_peer_app
+
 
 def build_app(service_ms: float, permits: int = 1, model_name: str = "demo") -> FastAPI:
     runner = SyntheticRunner(service_ms, [TensorSpec("INPUT0", "FP32", (-1, -1))],
                              [TensorSpec("OUTPUT0", "FP32", (-1, -1))], "cpu")
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     stats = {"started": 0, "completed": 0}
+    app = new_peer_app(stats)
     sem: list[asyncio.Semaphore] = []  # created on the server's loop at the first request
-
-    @app.get("/v2/health/ready")
-    @app.get("/v2/health/live")
-    async def ready() -> JSONResponse:
-        return JSONResponse({"ready": True})
-
-    @app.get("/stats")
-    async def get_stats() -> JSONResponse:
-        return JSONResponse(stats)
 
     @app.post("/v2/models/{name}/infer")
     async def infer(name: str, request: Request) -> Response:

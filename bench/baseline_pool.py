@@ -32,23 +32,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from sluiceway_pod.models import DTYPES, DeviceOOMSignal, load_runner, oip_datatype
 
+from .peer_app import new_peer_app
+
 
 def build_app(spec: str, threads: int, guard: str, acquire_timeout: float = 30.0, model_name: str = "demo",
               device: str | None = None) -> FastAPI:
     runner = load_runner(spec, device)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="baseline")
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     stats = {"started": 0, "completed": 0, "oom": 0, "refused": 0}
+    app = new_peer_app(stats)
     sem: list[asyncio.Semaphore] = []  # created on the server's loop at the first request
-
-    @app.get("/v2/health/ready")
-    @app.get("/v2/health/live")
-    async def ready() -> JSONResponse:
-        return JSONResponse({"ready": True})
-
-    @app.get("/stats")
-    async def get_stats() -> JSONResponse:
-        return JSONResponse(stats)
 
     @app.post("/v2/models/{name}/infer")
     async def infer(name: str, request: Request) -> Response:
