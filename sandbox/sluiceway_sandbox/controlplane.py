@@ -126,42 +126,41 @@ def build_apiserver(layout: Layout, bindir: Path) -> list[str]:
     ]
 
 
-def build_controller_manager(layout: Layout, bindir: Path) -> list[str]:
-    kc = kubeconfig_path(layout, "controller-manager")
+def _client_component(layout: Layout, kubeconfig: str, port: int, cert_dir: str) -> list[str]:
+    """The flags the controller manager and the scheduler share: one kubeconfig for everything,
+    no leader election, a serving port on loopback with self-made certificates in ``cert_dir``."""
+    kc = kubeconfig_path(layout, kubeconfig)
     return [
-        str(bindir / "kube-controller-manager"),
         f"--kubeconfig={kc}",
         f"--authentication-kubeconfig={kc}",
         f"--authorization-kubeconfig={kc}",
-        "--use-service-account-credentials=true",
-        f"--service-account-private-key-file={layout.sa_key}",
-        f"--root-ca-file={layout.ca_cert}",
-        f"--controllers={','.join(CONTROLLERS)}",
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
-        f"--secure-port={layout.controller_manager_port}",
-        f"--cert-dir={layout.pki_dir / 'kcm-serving'}",
-        "--horizontal-pod-autoscaler-sync-period=5s",
-        "--horizontal-pod-autoscaler-downscale-stabilization=30s",
-        "--concurrent-gc-syncs=5",
+        f"--secure-port={port}",
+        f"--cert-dir={layout.pki_dir / cert_dir}",
         "--profiling=false",
         "--v=1",
     ]
 
 
+def build_controller_manager(layout: Layout, bindir: Path) -> list[str]:
+    return [
+        str(bindir / "kube-controller-manager"),
+        *_client_component(layout, "controller-manager", layout.controller_manager_port, "kcm-serving"),
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={layout.sa_key}",
+        f"--root-ca-file={layout.ca_cert}",
+        f"--controllers={','.join(CONTROLLERS)}",
+        "--horizontal-pod-autoscaler-sync-period=5s",
+        "--horizontal-pod-autoscaler-downscale-stabilization=30s",
+        "--concurrent-gc-syncs=5",
+    ]
+
+
 def build_scheduler(layout: Layout, bindir: Path) -> list[str]:
-    kc = kubeconfig_path(layout, "scheduler")
     return [
         str(bindir / "kube-scheduler"),
-        f"--kubeconfig={kc}",
-        f"--authentication-kubeconfig={kc}",
-        f"--authorization-kubeconfig={kc}",
-        "--leader-elect=false",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={layout.scheduler_port}",
-        f"--cert-dir={layout.pki_dir / 'scheduler-serving'}",
-        "--profiling=false",
-        "--v=1",
+        *_client_component(layout, "scheduler", layout.scheduler_port, "scheduler-serving"),
     ]
 
 
