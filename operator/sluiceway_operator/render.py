@@ -33,7 +33,7 @@ from sluiceway_core.signals import Queries
 from sluiceway_core.units import parse_duration, parse_quantity, parse_rate
 
 from . import GROUP, KIND, VERSION
-from .spec import InferenceServiceSpec, LimitsSpec, SpecError
+from .spec import InferenceServiceSpec, InputTensorSpec, LimitsSpec, OutputTensorSpec, SpecError
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
@@ -54,6 +54,7 @@ __all__ = [
     "build_scaled_object",
     "build_service",
     "build_service_monitor",
+    "build_tensor",
     "clamp_replicas",
     "config_hash",
     "endpoint_url",
@@ -201,6 +202,14 @@ def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> d
     }
 
 
+def build_tensor(tensor: OutputTensorSpec) -> dict[str, Any]:
+    """A declared tensor as the pod config's ``model.inputs[]``/``outputs[]`` entry."""
+    out: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+    if isinstance(tensor, InputTensorSpec) and tensor.max_shape is not None:
+        out["max_shape"] = list(tensor.max_shape)
+    return out
+
+
 def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment | None = None) -> PodConfig:
     """The pod's config, validated by the pod's own model. Raises :class:`SpecError`."""
     m = spec.model
@@ -220,15 +229,20 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
             "ttl_seconds": parse_duration(spec.degradation.cache.ttl),
         },
     }
+    raw_model: dict[str, Any] = {
+        "spec": m.source,
+        "name": m.name or owner.name,
+        "version": m.version,
+        "warmup_iterations": m.warmup_iterations,
+    }
+    if m.inputs is not None:
+        raw_model["inputs"] = [build_tensor(s) for s in m.inputs]
+    if m.outputs is not None:
+        raw_model["outputs"] = [build_tensor(s) for s in m.outputs]
     if m.fallback is not None:
         degradation["fallback"] = {"spec": m.fallback.source, "permits": m.fallback.permits}
     raw: dict[str, Any] = {
-        "model": {
-            "spec": m.source,
-            "name": m.name or owner.name,
-            "version": m.version,
-            "warmup_iterations": m.warmup_iterations,
-        },
+        "model": raw_model,
         "server": {
             "host": "0.0.0.0",
             "port": HTTP_PORT,
@@ -242,6 +256,10 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
             "safety_factor": spec.concurrency.safety_factor_percent / 100,
             "cpu_default": spec.concurrency.cpu_default,
             "max_permits": spec.concurrency.max_permits,
+            "probe_seconds": parse_duration(spec.concurrency.probe_duration),
+            "probe_share": spec.concurrency.probe_share_percent / 100,
+            "adaptive": spec.concurrency.adaptive,
+            "adaptive_interval_seconds": parse_duration(spec.concurrency.adaptive_interval),
         },
         "queue": {
             "max_depth": spec.queue.max_depth,

@@ -117,6 +117,58 @@ class FallbackSpec(_Model):
     permits: int = Field(default=1, ge=1, le=64)
 
 
+Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
+#: Shape entries: ``-1`` (any size) or a size; the CRD allows up to 8 dimensions.
+Dim = Annotated[int, Field(ge=-1, le=2**31 - 1)]
+
+
+class OutputTensorSpec(_Model):
+    """One declared tensor (``model.outputs[]``); the CRD's schema and CEL say the same."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^\S+$")
+    datatype: Datatype = "FP32"
+    shape: list[Dim] = Field(min_length=1, max_length=8)
+
+    @model_validator(mode="after")
+    def _dims(self) -> OutputTensorSpec:
+        if any(d == 0 for d in self.shape):
+            raise ValueError(f"{self.name}: shape dimensions must be -1 (any size) or >= 1, got {self.shape}")
+        return self
+
+
+class InputTensorSpec(OutputTensorSpec):
+    """One declared input (``model.inputs[]``). ``maxShape`` bounds the ``-1`` dimensions: larger
+    requests get 400 and the warm-up memory probe runs at this shape."""
+
+    max_shape: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] | None = Field(default=None, min_length=1, max_length=8)
+
+    @model_validator(mode="after")
+    def _max_shape(self) -> InputTensorSpec:
+        if self.max_shape is None:
+            return self
+        if len(self.max_shape) != len(self.shape):
+            raise ValueError(
+                f"{self.name}: maxShape {self.max_shape} must have the rank of shape {self.shape} "
+                "(one entry per dimension)"
+            )
+        if any(d != -1 and m != d for d, m in zip(self.shape, self.max_shape, strict=True)):
+            raise ValueError(
+                f"{self.name}: maxShape {self.max_shape} must equal shape {self.shape} in every fixed dimension "
+                "(only -1 dimensions may vary)"
+            )
+        return self
+
+
+def _unique_names(kind: str) -> Any:
+    def check(v: list[OutputTensorSpec] | None) -> list[OutputTensorSpec] | None:
+        names = [s.name for s in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model.{kind} names must be unique")
+        return v
+
+    return AfterValidator(check)
+
+
 class ModelSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -125,6 +177,8 @@ class ModelSpec(_Model):
     name: str | None = None
     version: str = "1"
     warmup_iterations: int = Field(default=3, ge=1, le=1000)
+    inputs: Annotated[list[InputTensorSpec] | None, _unique_names("inputs"), Field(max_length=32)] = None
+    outputs: Annotated[list[OutputTensorSpec] | None, _unique_names("outputs"), Field(max_length=32)] = None
     persistent_volume_claim: PvcSpec | None = None
     fallback: FallbackSpec | None = None
 
@@ -182,6 +236,10 @@ class ConcurrencySpec(_Model):
     safety_factor_percent: int = Field(default=80, ge=1, le=100)
     cpu_default: int = Field(default=2, ge=1, le=256)
     max_permits: int = Field(default=64, ge=1, le=1024)
+    probe_duration: Duration = "2s"
+    probe_share_percent: int = Field(default=95, ge=1, le=100)
+    adaptive: bool = True
+    adaptive_interval: Duration = "1s"
 
 
 class QueueSpec(_Model):
@@ -321,6 +379,11 @@ class InferenceServiceSpec(_Model):
             raise ValueError("timeouts.queue must be shorter than timeouts.request")
         if parse_duration(self.queue.target_wait) > parse_duration(t.queue):
             raise ValueError("queue.targetWait must not exceed timeouts.queue")
+        c = self.concurrency
+        if parse_duration(c.probe_duration) > 600:
+            raise ValueError("concurrency.probeDuration must be at most 10m")
+        if not 0 < parse_duration(c.adaptive_interval) <= 3600:
+            raise ValueError("concurrency.adaptiveInterval must be within (0, 1h]")
         a = self.autoscaling
         if a.min_replicas < 1:
             raise ValueError(
@@ -347,6 +410,8 @@ class InferenceServiceSpec(_Model):
     def _durations(self) -> list[tuple[str, str]]:
         a = self.autoscaling
         return [
+            ("concurrency.probeDuration", self.concurrency.probe_duration),
+            ("concurrency.adaptiveInterval", self.concurrency.adaptive_interval),
             ("queue.targetWait", self.queue.target_wait),
             ("timeouts.queue", self.timeouts.queue),
             ("timeouts.request", self.timeouts.request),

@@ -112,6 +112,10 @@ def test_crd_accepted_with_defaults(admin: Admin) -> None:
     assert crd["spec"]["names"]["categories"] == ["sluiceway"]
 
 
+def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {"image": "i", "format": "demo", "source": "demo", "inputs": list(tensors)}}
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -206,6 +210,23 @@ def test_crd_accepted_with_defaults(admin: Admin) -> None:
             },
             "'.' or '..' segments",
         ),
+        # Issue 13: the declared input contract and the adaptive permits.
+        (_inputs({"name": "x", "shape": [-1, 3], "maxShape": [4]}), "maxShape must have the rank of shape"),
+        (
+            _inputs({"name": "x", "shape": [-1, 3], "maxShape": [4, 5]}),
+            "maxShape must equal shape in every fixed dimension (only -1 dimensions may vary)",
+        ),
+        (_inputs({"name": "x", "shape": [-1, 3], "maxShape": [0, 3]}), "spec.model.inputs[0].maxShape[0]"),
+        (_inputs({"name": "x", "shape": [-1, 0]}), "shape dimensions must be -1 (any size) or >= 1"),
+        (_inputs({"name": "x", "shape": [-1] * 9}), "spec.model.inputs[0].shape"),
+        (_inputs({"name": "x", "shape": [-1]}, {"name": "x", "shape": [2]}), "model.inputs names must be unique"),
+        (_inputs({"name": "x", "maxShape": [4]}), "spec.model.inputs[0].shape: Required value"),
+        ({"concurrency": {"probeDuration": "11m"}}, "concurrency.probeDuration must be at most 10m"),
+        ({"concurrency": {"probeDuration": "1.5s"}}, "spec.concurrency.probeDuration"),
+        ({"concurrency": {"adaptiveInterval": "0s"}}, "concurrency.adaptiveInterval must be within (0, 1h]"),
+        ({"concurrency": {"adaptiveInterval": "2h"}}, "concurrency.adaptiveInterval must be within (0, 1h]"),
+        ({"concurrency": {"probeSharePercent": 0}}, "spec.concurrency.probeSharePercent"),
+        ({"concurrency": {"probeSharePercent": 101}}, "spec.concurrency.probeSharePercent"),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -221,6 +242,15 @@ def test_every_example_case_passes_the_crd(admin: Admin, case: str) -> None:
     cr = load_case(case)
     spec = cr["spec"]
     admin.create(_path(), _isvc("case-" + case, **{k: v for k, v in spec.items()}), dry_run=True)
+
+
+def test_declared_shapes_and_adaptive_defaults_are_stored(admin: Admin) -> None:
+    """A valid maxShape is accepted as written; the probe and adaptive settings get their defaults."""
+    tensor = {"name": "image", "shape": [-1, 3, -1, -1], "maxShape": [4, 3, 512, 512]}
+    created = admin.create(_path(), _isvc("shapes-ok", **_inputs(tensor)), dry_run=True)
+    assert created["spec"]["model"]["inputs"] == [{**tensor, "datatype": "FP32"}]
+    c = created["spec"]["concurrency"]
+    assert (c["probeDuration"], c["probeSharePercent"], c["adaptive"], c["adaptiveInterval"]) == ("2s", 95, True, "1s")
 
 
 def test_allow_anonymous_has_no_default(admin: Admin) -> None:

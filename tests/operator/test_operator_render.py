@@ -366,3 +366,68 @@ def test_no_keyed_tenants_keeps_anonymous_access_on(tmp_path: Any) -> None:
     rendered = _render_case("minimal")
     assert parse_spec(load_case("minimal")["spec"]).access.allow_anonymous is None
     assert _pod_registry(rendered, tmp_path).authenticate(None).name == "anonymous"
+
+
+# ------------------------------------------------------------------ issue 13: shapes and adaptive permits
+
+
+def test_declared_shapes_and_adaptive_permits_reach_the_pod_config() -> None:
+    rendered = _render_case("shapes")
+    cm = _by_kind(rendered.manifests)["ConfigMap"]
+    cfg = PodConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert cfg == rendered.pod_config
+    image, scale = cfg.model.inputs or []
+    assert (image.name, image.datatype) == ("image", "FP16")
+    assert (image.shape, image.max_shape) == ([-1, 3, -1, -1], [4, 3, 512, 512])
+    assert (scale.name, scale.datatype, scale.shape, scale.max_shape) == ("scale", "FP32", [-1, 1], None)
+    (mask,) = cfg.model.outputs or []
+    assert (mask.name, mask.datatype, mask.shape) == ("mask", "UINT8", [-1, -1, -1])
+    c = cfg.concurrency
+    assert (c.permits, c.max_permits, c.probe_seconds, c.probe_share, c.adaptive, c.adaptive_interval_seconds) == (
+        "auto",
+        16,
+        3.0,
+        0.9,
+        True,
+        2.0,
+    )
+    # Without declared tensors the pod keeps the model's own declaration (nothing rendered).
+    minimal = _render_case("minimal").pod_config.model
+    assert minimal.inputs is None and minimal.outputs is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_rendered_max_shape_is_enforced_by_a_real_pod(tmp_path: Any) -> None:
+    """The ConfigMap the operator renders, loaded by a real ``sluiceway-pod`` process: a request
+    within the declared maxShape is served, one beyond it in any variable dimension gets 400."""
+    import httpx
+    from podtools import free_port, infer_body, start_pod
+
+    spec = parse_spec(
+        {
+            "model": {
+                "image": "registry.example/sluiceway-pod:test",
+                "format": "synthetic",
+                "source": "synthetic:1",
+                "inputs": [{"name": "INPUT0", "shape": [-1, -1], "maxShape": [4, 8]}],
+            },
+            "concurrency": {"probeDuration": "0s", "adaptiveInterval": "500ms"},
+            "autoscaling": {"engine": "none"},
+        }
+    )
+    rendered = render(Owner("shapes", "ml", "u"), spec, {}, ENV)
+    config = yaml.safe_load(_by_kind(rendered.manifests)["ConfigMap"]["data"]["config.yaml"])
+    # Only the listen addresses differ from a cluster: flags beat the file (loopback, free ports).
+    pod = start_pod(tmp_path, "--metrics-port", str(free_port()), config=config)
+    try:
+        with httpx.Client(timeout=30) as c:
+            meta = c.get(f"{pod.url}/v2/models/shapes").json()
+            assert meta["inputs"][0]["shape"] == [-1, -1], meta
+            assert c.post(pod.infer_url, json=infer_body(rows=4, cols=8)).status_code == 200
+            for rows, cols in ((5, 8), (4, 9)):
+                r = c.post(pod.infer_url, json=infer_body(rows=rows, cols=cols))
+                assert r.status_code == 400, r.text
+                assert "exceeds maxShape [4, 8]" in r.json()["error"], r.text
+    finally:
+        pod.terminate(30)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from operator_support import apply_defaults, case_names, crd_schema, load_case
 from sluiceway_core.units import UnitError, parse_duration, parse_quantity, parse_rate
 from sluiceway_operator.spec import SpecError, parse_spec
@@ -103,6 +105,10 @@ def test_cross_field_errors_name_the_field(patch: dict[str, Any], message: str) 
 # ------------------------------------------------------------------ what the API server would refuse
 
 
+def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {**BASE["model"], "inputs": list(tensors)}}
+
+
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
@@ -153,6 +159,23 @@ def test_cross_field_errors_name_the_field(patch: dict[str, Any], message: str) 
             "operator In needs values",
         ),
         ({"placement": {"affinity": {"nodeAfinity": {}}}}, "nodeAfinity: Extra inputs"),
+        # Issue 13: the declared input contract and the adaptive permits (the CRD's CEL says the same).
+        (_inputs({"name": "x", "shape": [-1, 3], "maxShape": [4]}), "must have the rank of shape"),
+        (_inputs({"name": "x", "shape": [-1, 3], "maxShape": [4, 5]}), "must equal shape .* in every fixed dimension"),
+        (_inputs({"name": "x", "shape": [-1, 3], "maxShape": [0, 3]}), "greater than or equal to 1"),
+        (_inputs({"name": "x", "shape": [-1, 0]}), "-1 \\(any size\\) or >= 1"),
+        (_inputs({"name": "x", "shape": [-2]}), "greater than or equal to -1"),
+        (_inputs({"name": "x", "shape": [-1] * 9}), "at most 8 items"),
+        (_inputs({"name": "x", "shape": []}), "at least 1 item"),
+        (_inputs({"name": "x", "shape": [-1]}, {"name": "x", "shape": [-1]}), "model.inputs names must be unique"),
+        (_inputs({"name": "x y", "shape": [-1]}), "model.inputs.0.name"),
+        (_inputs({"name": "x", "shape": [-1], "datatype": "FP8"}), "model.inputs.0.datatype"),
+        ({"concurrency": {"probeDuration": "11m"}}, "probeDuration must be at most 10m"),
+        ({"concurrency": {"probeDuration": "soon"}}, "concurrency.probeDuration: 'soon' is not a duration"),
+        ({"concurrency": {"adaptiveInterval": "0s"}}, "adaptiveInterval must be within \\(0, 1h\\]"),
+        ({"concurrency": {"adaptiveInterval": "2h"}}, "adaptiveInterval must be within \\(0, 1h\\]"),
+        ({"concurrency": {"probeSharePercent": 0}}, "concurrency.probeSharePercent"),
+        ({"concurrency": {"probeSharePercent": 101}}, "concurrency.probeSharePercent"),
         (
             {"placement": {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}}},
             "topologyKey",
@@ -243,3 +266,73 @@ def test_numeric_limits_agree_with_the_pod() -> None:
         assert schema.get("minimum") == ge, (model.__name__, field)
         if le is not None:
             assert schema.get("maximum", 10**18) <= le, (model.__name__, field)
+
+
+# ------------------------------------------------------------------ issue 13: shapes and adaptive permits
+
+_DIM = st.sampled_from([-1, 1, 2, 3])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(_DIM, min_size=1, max_size=8),
+    max_shape=st.lists(st.integers(min_value=-1, max_value=4), min_size=1, max_size=8),
+)
+def test_max_shape_rule_agrees_with_the_pod(shape: list[int], max_shape: list[int]) -> None:
+    """The operator accepts exactly the (shape, maxShape) pairs the pod's config accepts."""
+    from sluiceway_core.config import ConfigError, build_config
+
+    tensor = {"name": "x", "shape": shape, "maxShape": max_shape}
+    try:
+        build_config({"model": {"inputs": [tensor]}})
+        pod_ok = True
+    except ConfigError:
+        pod_ok = False
+    try:
+        parse_spec(_inputs(tensor))
+        spec_ok = True
+    except SpecError:
+        spec_ok = False
+    assert spec_ok is pod_ok
+
+
+def test_concurrency_limits_agree_with_the_pod() -> None:
+    """The CRD's bounds on the probe and the adaptive limit are the pod's bounds, in the CRD's units."""
+    import annotated_types
+    from sluiceway_core import config as pc
+
+    c = crd_schema()["properties"]["spec"]["properties"]["concurrency"]["properties"]
+    fields = pc.ConcurrencyConfig.model_fields
+
+    def bound(field: str, kind: type) -> float:
+        return next(getattr(m, kind.__name__.lower()) for m in fields[field].metadata if isinstance(m, kind))
+
+    assert bound("probe_seconds", annotated_types.Le) == parse_duration("10m")
+    assert "duration('10m')" in c["probeDuration"]["x-kubernetes-validations"][0]["rule"]
+    assert bound("adaptive_interval_seconds", annotated_types.Le) == parse_duration("1h")
+    assert bound("adaptive_interval_seconds", annotated_types.Gt) == 0
+    assert "duration(self) > duration('0s')" in c["adaptiveInterval"]["x-kubernetes-validations"][0]["rule"]
+    # probeSharePercent 1..100 is a share in (0, 1]
+    assert (c["probeSharePercent"]["minimum"], c["probeSharePercent"]["maximum"]) == (1, 100)
+    assert bound("probe_share", annotated_types.Gt) == 0 and bound("probe_share", annotated_types.Le) == 1
+    for key, field in (("probeDuration", "probe_seconds"), ("adaptiveInterval", "adaptive_interval_seconds")):
+        assert parse_duration(c[key]["default"]) == fields[field].default, key
+    assert c["probeSharePercent"]["default"] / 100 == fields["probe_share"].default
+    assert c["adaptive"]["default"] is fields["adaptive"].default
+
+
+@pytest.mark.parametrize(
+    "concurrency",
+    [
+        {"probeDuration": "10m", "adaptiveInterval": "1h", "probeSharePercent": 100},
+        {"probeDuration": "0s", "adaptiveInterval": "1ms", "probeSharePercent": 1, "adaptive": False},
+    ],
+)
+def test_concurrency_boundaries_reach_a_valid_pod_config(concurrency: dict[str, Any]) -> None:
+    from sluiceway_operator.render import Owner, build_pod_config
+
+    cfg = build_pod_config(Owner("x", "ns", "u"), parse_spec({**BASE, "concurrency": concurrency})).concurrency
+    assert cfg.probe_seconds == parse_duration(concurrency["probeDuration"])
+    assert cfg.adaptive_interval_seconds == parse_duration(concurrency["adaptiveInterval"])
+    assert cfg.probe_share == concurrency["probeSharePercent"] / 100
+    assert cfg.adaptive is concurrency.get("adaptive", True)
