@@ -42,6 +42,7 @@ __all__ = ["POLICIES", "build_policies", "compare", "main"]
 POLICIES = (
     "ours-keda",
     "ours-keda-029d718",
+    "ours-keda-hpa-paced",
     "ours-builtin",
     "ours-keda-predictive",
     "keda-prometheus",
@@ -64,6 +65,10 @@ def build_policies(
         # defaults and the HPA rendering can): 1 pod per 60 s down, the HPA repeating the window
         "ours-keda-029d718": lambda: OursKeda(
             old, rendered_behavior(old, windows_add_up=False), name="ours-keda-029d718"
+        ),
+        # the HPA repeating the spec's scale-down pace: the scaler's release is held back by it
+        "ours-keda-hpa-paced": lambda: OursKeda(
+            spec, rendered_behavior(spec, windows_add_up=True, scaler_paces=False), name="ours-keda-hpa-paced"
         ),
         "ours-builtin": lambda: OursBuiltin(spec),
         "ours-keda-predictive": lambda: OursKeda(

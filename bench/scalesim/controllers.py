@@ -157,7 +157,8 @@ class Hpa:
 def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
     """The CRD's autoscaling defaults as the scaler's ScalingSpec (targetQueueDepthPerReplica 8,
     targetWaitP95 2s, utilisation 80 %, scale up 4 pods or 100 % per 15 s, scale down window 300 s,
-    at most max(1 pod, 2 %) per 60 s — the percent chosen with this simulator, docs/scalesim.md)."""
+    at most max(1 pod, 2 %) per 60 s, released after 20 min of surplus — the percent and the
+    release window chosen with this simulator, docs/scalesim.md)."""
     spec = ScalingSpec(
         min_replicas=1,
         max_replicas=max_replicas,
@@ -165,7 +166,9 @@ def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
         target_wait_p95=2.0,
         target_utilisation=0.8,
         scale_up=ScaleUpPolicy(max_pods=4, max_percent=100.0),
-        scale_down=ScaleDownPolicy(stabilization_window=300.0, max_pods=1, period=60.0, max_percent=2.0),
+        scale_down=ScaleDownPolicy(
+            stabilization_window=300.0, max_pods=1, period=60.0, max_percent=2.0, release_window=1200.0
+        ),
     )
     return replace(spec, **over)  # type: ignore[arg-type]
 
@@ -173,22 +176,23 @@ def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
 def spec_at_029d718(max_replicas: int) -> ScalingSpec:
     """The defaults before the simulator: scale down at most 1 pod per 60 s whatever the size."""
     base = default_spec(max_replicas)
-    return replace(base, scale_down=replace(base.scale_down, max_percent=None))
+    return replace(base, scale_down=replace(base.scale_down, max_percent=None, release_window=None))
 
 
-def _signals(t: int, prom: Prometheus, predictive: bool) -> Signals:
+def _signals(t: int, prom: Prometheus, predictive: bool, window: int) -> Signals:
+    """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window."""
     q = prom.queue_depth(t)
     if q is None:
         return Signals(queue_depth=None, ok=False, detail="no scrape yet")
     return Signals(
         queue_depth=q,
-        wait_p95=prom.wait_p95(t),
-        arrival_rate=prom.admitted_rate(t),
-        utilisation=prom.utilisation(t),
-        completion_rate=prom.completed_rate(t),
-        request_cost=prom.request_cost(t),
+        wait_p95=prom.wait_p95(t, window),
+        arrival_rate=prom.admitted_rate(t, window),
+        utilisation=prom.utilisation(t, window),
+        completion_rate=prom.completed_rate(t, window),
+        request_cost=prom.request_cost(t, window),
         permits=prom.model.permits,
-        offered_rate=prom.offered_rate(t),
+        offered_rate=prom.offered_rate(t, window),
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
     )
@@ -202,12 +206,15 @@ class OursBuiltin:
     interval: int = 30
     predictive: bool = False
     name: str = "ours-builtin"
+    #: the operator's queries: ``Queries.build(ns, name)``, window 2m
+    rate_window: int = 120
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
 
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         current = pool.target if self._last is None else self._last
-        d = desired_replicas(_signals(t, prom, self.predictive), self.spec, current, self._history, float(t))
+        signals = _signals(t, prom, self.predictive, self.rate_window)
+        d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas
         return d.replicas
@@ -223,6 +230,9 @@ class OursKeda:
     interval: int = 15  # HPA sync period; KEDA's metrics server asks the scaler on every read
     predictive: bool = False
     name: str = "ours-keda"
+    #: the scaler's ``rateWindow``: its default is 1m (sluiceway_scaler.metadata), the operator
+    #: renders none
+    rate_window: int = 60
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
     _hpa: Hpa | None = None
@@ -231,7 +241,8 @@ class OursKeda:
         if self._hpa is None:
             self._hpa = Hpa(self.spec.min_replicas, self.spec.max_replicas, self.hpa_behavior)
         current = pool.target if self._last is None else self._last
-        d = desired_replicas(_signals(t, prom, self.predictive), self.spec, current, self._history, float(t))
+        signals = _signals(t, prom, self.predictive, self.rate_window)
+        d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas
         metric = float(d.replicas)
@@ -240,11 +251,18 @@ class OursKeda:
         return self._hpa.apply(t, pool.target, raw)
 
 
-def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool) -> HpaBehavior:
+def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: bool = True) -> HpaBehavior:
     """The HPA behaviour the operator renders for ``engine: keda``. ``windows_add_up=False`` is the
     rendering at commit 029d718 (the HPA repeats the scaler's 300 s scale-down window, so a drop
-    waits for both); ``True`` leaves the scale-down window to the scaler alone."""
+    waits for both); ``True`` leaves the scale-down window to the scaler alone.
+
+    ``scaler_paces=True`` leaves the scale-down pace to the scaler as well: the HPA's scale-down
+    policy is its default, 100 % per 15 s. The scaler's release (``ScaleDownPolicy.release_window``)
+    needs it: an HPA pacing at the spec's 2 % per minute holds the released count back.
+    ``False``: the HPA repeats the spec's pace (max(1 pod, 2 %) per 60 s)."""
     down = spec.scale_down
+    if windows_add_up and scaler_paces:
+        down = replace(down, max_pods=None, max_percent=100.0, period=15.0)
     return HpaBehavior(
         up_window=0.0,
         up_pods=spec.scale_up.max_pods,

@@ -3,7 +3,8 @@
 Prometheus scrapes every ``scrape_interval`` seconds; an instant query at time ``t`` sees the last
 scrape at or before ``t - 1`` (the step in progress is not yet exported). Range functions
 (``rate(...[window])``, ``histogram_quantile``) cover ``window`` seconds ending at that scrape.
-Only ready pods are scraped (a starting pod exports nothing yet).
+Only ready pods are scraped (a starting pod exports nothing yet). Every range function takes the
+window of the query that it models (default ``rate_window``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class Prometheus:
         s = self.scrape_at(t)
         return None if s < 0 else int(self.rec.ready[s])
 
-    def wait_p95(self, t: int) -> float | None:
+    def wait_p95(self, t: int, window: int | None = None) -> float | None:
         """95th percentile queue wait over the window (None: nothing was admitted)."""
-        w = self._window(t)
+        w = self._window(t, window)
         if w is None:
             return None
         weights = self.rec.arrived[w] - self.rec.refused[w]
@@ -68,20 +69,20 @@ class Prometheus:
         capacity = float((self.rec.ready[w] * self.model.permits).sum())
         return None if capacity <= 0 else float(self.rec.busy[w].sum()) / capacity
 
-    def admitted_rate(self, t: int) -> float | None:
-        w = self._window(t)
+    def admitted_rate(self, t: int, window: int | None = None) -> float | None:
+        w = self._window(t, window)
         if w is None:
             return None
         return float((self.rec.arrived[w] - self.rec.refused[w]).mean())
 
-    def completed_rate(self, t: int) -> float | None:
-        w = self._window(t)
+    def completed_rate(self, t: int, window: int | None = None) -> float | None:
+        w = self._window(t, window)
         return None if w is None else float(self.rec.served[w].mean())
 
-    def request_cost(self, t: int) -> float | None:
+    def request_cost(self, t: int, window: int | None = None) -> float | None:
         """Device seconds per answered request over the window (``rate(inference_seconds_sum)`` over
         ``rate(requests_total{code="200"})``)."""
-        w = self._window(t)
+        w = self._window(t, window)
         if w is None:
             return None
         served = float(self.rec.served[w].sum())

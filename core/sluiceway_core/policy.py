@@ -39,8 +39,15 @@ The rule, in order:
    this the fleet overshoots to ``max_replicas`` when pods take minutes to start). The measured
    demand (below) is exempt: a flash crowd gets what its offered rate needs at once.
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
-   ``stabilization_window`` seconds (HPA semantics), and it may not drop more than ``max_pods``
-   below the highest replica count decided within the last ``period`` seconds.
+   ``stabilization_window`` seconds (HPA semantics), and it may not drop more than
+   ``max(max_pods, max_percent %)`` below the highest replica count decided within the last
+   ``period`` seconds.
+5. **Release.** When every recommendation of the last ``release_window`` seconds (default 20 min)
+   is below ``current``, the pace of step 4 no longer holds the count above the highest of them: a
+   surplus that outlasted the window (the tail of a flash crowd) goes at once, while a lull shorter
+   than it (between bursts) keeps its capacity. Held decisions record ``current``, so an outage
+   postpones the release by a full window; a history shorter than the window (a restarted scaler)
+   never releases.
 """
 
 from __future__ import annotations
@@ -102,12 +109,21 @@ class ScaleUpPolicy:
 class ScaleDownPolicy:
     """Scale-down stabilisation: window in seconds, and per ``period`` at most ``max_pods`` removed
     or ``max_percent`` of the replicas, whichever allows more (like an HPA ``selectPolicy: Max``).
-    Both ``None``: no rate limit."""
+    Both ``None``: no rate limit.
+
+    ``release_window`` (seconds, ``None``: off): once every recommendation of that long window is
+    below the replica count, the rate limit no longer holds the count above the highest of them.
+    Short lulls between bursts keep their capacity (the rate limit); a surplus that has lasted the
+    whole release window is released at once, like Ray Serve's downscale delay. No effect unless it
+    is longer than ``stabilization_window``, nor before the history spans it."""
 
     stabilization_window: float = 300.0
     max_pods: int | None = None
     period: float = 60.0
     max_percent: float | None = None
+    #: 20 min: longer than the gaps between bursts that should keep their capacity (the
+    #: simulator's on/off trace: 15 min), chosen with bench/scalesim/grid.py (docs/scalesim.md)
+    release_window: float | None = 1200.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,8 @@ class ScalingSpec:
             raise ValueError("scale_down.max_percent must be within (0, 100]")
         if not down.period > 0:
             raise ValueError("scale_down.period must be > 0")
+        if down.release_window is not None and not down.release_window > 0:
+            raise ValueError("scale_down.release_window must be > 0")
 
 
 @dataclass(frozen=True)
@@ -253,13 +271,38 @@ def _predicted(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, 
     return n, f"offered {offered:.3g}/s rising {trend:.3g}/s^2 -> {projected:.3g}/s in {spec.predict_seconds:g}s -> {n}"
 
 
+def _release_window(down: ScaleDownPolicy) -> float | None:
+    """The release window when it applies: it needs a pace to lift and must be longer than the
+    stabilisation window."""
+    paced = down.max_pods is not None or down.max_percent is not None
+    window = down.release_window
+    return window if paced and window is not None and window > down.stabilization_window else None
+
+
+def _released(history: ScaleHistory, down: ScaleDownPolicy, now: float, bounded: int) -> int | None:
+    """The highest recommendation of the release window, or None when the release does not apply
+    or the history does not yet span the window (a restarted scaler must not release at once)."""
+    window = _release_window(down)
+    if window is None or not history.entries:
+        return None
+    start = now - window
+    if history.entries[0].at > start:
+        return None
+    return max([bounded, *(e.recommendation for e in history.entries if e.at >= start)])
+
+
 def desired_replicas(
     signals: Signals, spec: ScalingSpec, current: int, history: ScaleHistory, now: float
 ) -> Decision:
     """Decide the replica count. See the module docstring for the rule."""
     if current < 0:
         raise ValueError("current must be >= 0")
-    keep = max(spec.scale_down.stabilization_window, spec.scale_down.period)
+    down = spec.scale_down
+    keep = max(down.stabilization_window, down.period)
+    release = _release_window(down)
+    if release is not None:
+        # one entry older than the release window must stay, to show the history spans it
+        keep = max(keep, release + down.period)
 
     if not signals.ok or signals.queue_depth is None or math.isnan(signals.queue_depth):
         why = signals.detail or "signals missing"
@@ -306,7 +349,6 @@ def desired_replicas(
         replicas = max([bounded, *seen])
         if replicas > bounded:
             why += f"; stabilised at {replicas} (highest in {spec.scale_down.stabilization_window:g}s)"
-        down = spec.scale_down
         if down.max_pods is not None or down.max_percent is not None:
             period_start = now - down.period
             recent = [e.replicas for e in history.entries if e.at >= period_start]
@@ -317,7 +359,11 @@ def desired_replicas(
                 1,
             )
             floor = top - allowed
-            if replicas < floor:
+            released = _released(history, down, now, bounded)
+            if replicas < floor and released is not None and released < floor:
+                replicas = max(replicas, released)
+                why += f"; highest recommendation in {down.release_window:g}s is {released}: released to {replicas}"
+            elif replicas < floor:
                 replicas = floor
                 why += f"; scale-down limited to {allowed} pods per {down.period:g}s -> {replicas}"
         # Bounds win over stabilisation: never above max even if the history says so.

@@ -1,11 +1,21 @@
 """The scaling policy's terms that the simulator (bench/scalesim) led to: ready-based proportional
-terms, the demand term, the backlog cap, the scale-up step while pods start, percent scale-down and
-the predictive term. Each failed before its change."""
+terms, the demand term, the backlog cap, the scale-up step while pods start, percent scale-down,
+the predictive term and the release window. Each failed before its change."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from sluiceway_core.policy import ScaleDownPolicy, ScaleHistory, ScaleUpPolicy, ScalingSpec, Signals, desired_replicas
+from sluiceway_core.policy import (
+    HistoryEntry,
+    ScaleDownPolicy,
+    ScaleHistory,
+    ScaleUpPolicy,
+    ScalingSpec,
+    Signals,
+    desired_replicas,
+)
 
 SPEC = ScalingSpec(
     min_replicas=1,
@@ -100,3 +110,69 @@ def test_predictive_term_only_when_asked_and_only_on_a_rising_rate() -> None:
     assert decide(falling, 10, spec) == 10
     with pytest.raises(ValueError, match="predict_seconds"):
         ScalingSpec(min_replicas=1, max_replicas=2, target_queue_per_replica=1, predict_seconds=0)
+
+
+# --- release window: a surplus that lasted the whole window is released, not paced at 2 %/min
+RELEASE = ScalingSpec(
+    min_replicas=1,
+    max_replicas=2000,
+    target_queue_per_replica=8,
+    scale_down=ScaleDownPolicy(stabilization_window=300, max_pods=1, period=60, max_percent=2, release_window=1200),
+)
+
+
+def _history(now: float, since: float, recommendation: int, replicas: int) -> ScaleHistory:
+    """One entry every 15 s from ``now - since`` up to ``now - 15``."""
+    return ScaleHistory(
+        tuple(HistoryEntry(now - a, recommendation, replicas) for a in range(int(since), 0, -15))
+    )
+
+
+def test_release_window_drops_a_surplus_that_lasted_the_whole_window() -> None:
+    """After a flash crowd 1,000 pods serve a load that needs 100. At 2 % per minute the fleet took
+    two hours to shrink (the simulator's flash tail); once every recommendation of the last 20 min
+    is below the count, it goes to the highest of them at once."""
+    quiet = Signals(queue_depth=0, ready_replicas=1000)  # backlog 0 -> 1 pod (min)
+    history = _history(5000.0, 1260, 100, 1000)
+    d = desired_replicas(quiet, RELEASE, 1000, history, 5000.0)
+    assert d.replicas == 100
+    assert "released to 100" in d.reason
+    # the same without a release window: 2 % of 1,000 per minute
+    paced = ScalingSpec(**{**RELEASE.__dict__, "scale_down": replace(RELEASE.scale_down, release_window=None)})
+    assert desired_replicas(quiet, paced, 1000, history, 5000.0).replicas == 980
+
+
+def test_release_goes_to_the_highest_recommendation_of_the_window_only() -> None:
+    quiet = Signals(queue_depth=0, ready_replicas=1000)
+    base = _history(5000.0, 1260, 100, 1000).entries
+    with_500 = ScaleHistory(tuple(sorted((*base, HistoryEntry(4000.0, 500, 1000)), key=lambda e: e.at)))
+    assert desired_replicas(quiet, RELEASE, 1000, with_500, 5000.0).replicas == 500
+    # one recommendation of 1,000 inside the window (e.g. a decision held while Prometheus was
+    # down records the current count): no release, the 2 % pace applies
+    with_peak = ScaleHistory(tuple(sorted((*base, HistoryEntry(4000.0, 1000, 1000)), key=lambda e: e.at)))
+    assert desired_replicas(quiet, RELEASE, 1000, with_peak, 5000.0).replicas == 980
+
+
+def test_release_needs_a_history_as_long_as_the_window() -> None:
+    """A restarted scaler knows 10 minutes: it must not read that as 20 quiet minutes."""
+    quiet = Signals(queue_depth=0, ready_replicas=1000)
+    assert desired_replicas(quiet, RELEASE, 1000, _history(5000.0, 600, 100, 1000), 5000.0).replicas == 980
+
+
+def test_release_history_is_kept_long_enough_and_a_short_release_window_is_inert() -> None:
+    quiet = Signals(queue_depth=0, ready_replicas=1000)
+    history = ScaleHistory()
+    replicas = 1000
+    for i in range(90):  # 22.5 min of polls every 15 s
+        d = desired_replicas(quiet, RELEASE, replicas, history, 15.0 * i)
+        history, replicas = d.history, d.replicas
+    assert history.entries[0].at <= 15.0 * 89 - 1200  # the history still spans the window
+    assert replicas == 1  # released (min_replicas) once the history spanned 20 min
+    # a release window not longer than the stabilisation window adds nothing (and is no error)
+    inert = ScalingSpec(
+        **{**RELEASE.__dict__, "scale_down": replace(RELEASE.scale_down, stabilization_window=1800)}
+    )
+    assert desired_replicas(quiet, inert, 1000, _history(5000.0, 2000, 100, 1000), 5000.0).replicas == 980
+    with pytest.raises(ValueError, match="release_window"):
+        ScalingSpec(min_replicas=1, max_replicas=2, target_queue_per_replica=1,
+                    scale_down=ScaleDownPolicy(release_window=0))
