@@ -61,12 +61,34 @@ from .settings import OperatorConfig
 from .spec import InferenceServiceSpec, SpecError, parse_spec
 from .status import Observed, TenantQuota, compute_status
 
-__all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome"]
+__all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome", "builtin_scaling_spec"]
 
 log = logging.getLogger(__name__)
 
 #: The builtin engine keeps the GPU permits at most this busy (the scaler's default, 80 %).
 BUILTIN_TARGET_UTILISATION = 0.8
+
+
+def builtin_scaling_spec(spec: InferenceServiceSpec) -> ScalingSpec:
+    """The builtin engine's policy settings, from ``spec.autoscaling`` (pure)."""
+    a = spec.autoscaling
+    return ScalingSpec(
+        min_replicas=a.min_replicas,
+        max_replicas=a.max_replicas,
+        target_queue_per_replica=float(a.target_queue_depth_per_replica),
+        target_wait_p95=parse_duration(a.target_wait_p95),
+        target_utilisation=BUILTIN_TARGET_UTILISATION,
+        scale_up=ScaleUpPolicy(
+            max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)
+        ),
+        scale_down=ScaleDownPolicy(
+            stabilization_window=parse_duration(a.scale_down.stabilization_window),
+            max_pods=a.scale_down.max_pods_per_period,
+            period=parse_duration(a.scale_down.period),
+            max_percent=float(a.scale_down.max_percent_per_period),
+            release_window=a.scale_down.release_window_seconds,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -395,23 +417,7 @@ class Reconciler:
                 "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"
             )
             signals = Signals(queue_depth=None, ok=False, detail=detail)
-        a = spec.autoscaling
-        scaling = ScalingSpec(
-            min_replicas=a.min_replicas,
-            max_replicas=a.max_replicas,
-            target_queue_per_replica=float(a.target_queue_depth_per_replica),
-            target_wait_p95=parse_duration(a.target_wait_p95),
-            target_utilisation=BUILTIN_TARGET_UTILISATION,
-            scale_up=ScaleUpPolicy(
-                max_pods=a.scale_up.max_pods_per_period, max_percent=float(a.scale_up.max_percent_per_period)
-            ),
-            scale_down=ScaleDownPolicy(
-                stabilization_window=parse_duration(a.scale_down.stabilization_window),
-                max_pods=a.scale_down.max_pods_per_period,
-                period=parse_duration(a.scale_down.period),
-                max_percent=float(a.scale_down.max_percent_per_period),
-            ),
-        )
+        scaling = builtin_scaling_spec(spec)
         decision = desired_replicas(signals, scaling, current, st.scale_history or ScaleHistory(), self.clock())
         st.scale_history = decision.history
         replicas = clamp_replicas(spec, decision.replicas)

@@ -62,6 +62,7 @@ __all__ = [
     "keys_text",
     "pod_labels",
     "render",
+    "scale_down_hpa_policies",
     "termination_grace_seconds",
 ]
 
@@ -536,6 +537,30 @@ def scale_down_windows(spec: InferenceServiceSpec) -> tuple[int, int]:
     return (0, window) if spec.autoscaling.engine == "keda" else (window, 0)
 
 
+#: The HPA's default scale-down policy: follow the metric's answer within one sync period or so.
+HPA_UNPACED_SCALE_DOWN = ({"type": "Percent", "value": 100, "periodSeconds": 15},)
+
+
+def scale_down_hpa_policies(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The HPA's ``behavior.scaleDown.policies``: who paces the scale-down, once.
+
+    With engine ``keda`` the sluiceway scaler paces (``scaleDownMaxPods``/``MaxPercent`` per
+    ``scaleDownPeriodSeconds``) and releases a surplus that outlasted
+    ``scaleDownReleaseWindowSeconds`` (``sluiceway_core.policy``, steps 4 and 5); an HPA that paced
+    again would hold the released count back at 2 % a minute (bench/scalesim, row
+    ``ours-keda-hpa-paced``), so it follows the scaler's answer (100 % per 15 s, the HPA's default).
+    With engine ``prometheus`` (KEDA's own triggers) the HPA is the only pacer: the spec's pace.
+    """
+    down = spec.autoscaling.scale_down
+    if spec.autoscaling.engine == "keda":
+        return [dict(p) for p in HPA_UNPACED_SCALE_DOWN]
+    period = _seconds(down.period)
+    return [
+        {"type": "Pods", "value": down.max_pods_per_period, "periodSeconds": period},
+        {"type": "Percent", "value": down.max_percent_per_period, "periodSeconds": period},
+    ]
+
+
 def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any]:
     """KEDA ScaledObject: fast up, slow down, never below current replicas on signal loss.
 
@@ -568,18 +593,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "stabilizationWindowSeconds": hpa_window,
             # the policy allowing more removal applies, as in the scaler (sluiceway_core.policy)
             "selectPolicy": "Max",
-            "policies": [
-                {
-                    "type": "Pods",
-                    "value": a.scale_down.max_pods_per_period,
-                    "periodSeconds": _seconds(a.scale_down.period),
-                },
-                {
-                    "type": "Percent",
-                    "value": a.scale_down.max_percent_per_period,
-                    "periodSeconds": _seconds(a.scale_down.period),
-                },
-            ],
+            "policies": scale_down_hpa_policies(spec),
         },
     }
     so_spec: dict[str, Any] = {
@@ -609,6 +623,8 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "scaleDownMaxPods": str(a.scale_down.max_pods_per_period),
             "scaleDownMaxPercent": str(a.scale_down.max_percent_per_period),
             "scaleDownPeriodSeconds": str(_seconds(a.scale_down.period)),
+            # 0: off (sluiceway_scaler.metadata); the CRD keeps it longer than the window
+            "scaleDownReleaseWindowSeconds": _num(a.scale_down.release_window_seconds or 0),
         }
         if prometheus:
             metadata["prometheusAddress"] = prometheus

@@ -315,11 +315,23 @@ class ScaleUpSpec(_Model):
     period: Duration = "15s"
 
 
+#: Longest ``autoscaling.scaleDown.releaseWindow`` (the CRD's CEL says the same).
+MAX_RELEASE_WINDOW = 86_400.0
+
+
 class ScaleDownSpec(_Model):
     stabilization_window: Duration = "300s"
     max_pods_per_period: int = Field(default=1, ge=1)
     max_percent_per_period: int = Field(default=2, ge=1, le=100)
     period: Duration = "60s"
+    #: ``sluiceway_core.policy.ScaleDownPolicy.release_window``; ``0s`` turns the release off.
+    release_window: Duration = "20m"
+
+    @property
+    def release_window_seconds(self) -> float | None:
+        """The policy's ``release_window``: seconds, or None when off (``0s``)."""
+        seconds = parse_duration(self.release_window)
+        return seconds if seconds > 0 else None
 
 
 class AutoscalingSpec(_Model):
@@ -392,6 +404,14 @@ class InferenceServiceSpec(_Model):
             )
         if a.min_replicas > a.max_replicas:
             raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
+        release = a.scale_down.release_window_seconds
+        if release is not None and release > MAX_RELEASE_WINDOW:
+            raise ValueError("autoscaling.scaleDown.releaseWindow must be at most 24h")
+        if release is not None and release <= parse_duration(a.scale_down.stabilization_window):
+            raise ValueError(
+                "autoscaling.scaleDown.releaseWindow must be 0s (off) or longer than "
+                "autoscaling.scaleDown.stabilizationWindow (the policy ignores a shorter one)"
+            )
         classes = self.priorities.classes
         if len(set(classes)) != len(classes):
             raise ValueError("priorities.classes names must be unique")
@@ -426,6 +446,7 @@ class InferenceServiceSpec(_Model):
             ("autoscaling.scaleUp.period", a.scale_up.period),
             ("autoscaling.scaleDown.stabilizationWindow", a.scale_down.stabilization_window),
             ("autoscaling.scaleDown.period", a.scale_down.period),
+            ("autoscaling.scaleDown.releaseWindow", a.scale_down.release_window),
             ("monitoring.interval", self.monitoring.interval),
         ]
 

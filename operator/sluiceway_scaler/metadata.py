@@ -20,6 +20,8 @@ scaleDownWindowSeconds         300       window for slow scale-down (0..3600)
 scaleDownMaxPods               --        at most this many pods removed per period
 scaleDownMaxPercent            --        ... or this percent of the replicas (the larger applies)
 scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``/``scaleDownMaxPercent``
+scaleDownReleaseWindowSeconds  1200      release a surplus this old at once (0: off; longer than
+                                         ``scaleDownWindowSeconds``; at most 86400)
 scaleUpMaxPods                 --        scale-up step limit in pods ...
 scaleUpMaxPercent              --        ... or percent (the larger of the two applies)
 targetUtilisationPercent       80        keep GPU permits at most this busy; 0 turns it off
@@ -57,8 +59,8 @@ KNOWN_KEYS = frozenset(
     {
         "inferenceService", "namespace", "prometheusAddress", "targetQueueDepthPerReplica",
         "targetWaitP95", "targetWaitP95Seconds", "minReplicas", "maxReplicas", "scaleDownWindowSeconds",
-        "scaleDownMaxPods", "scaleDownMaxPercent", "scaleDownPeriodSeconds", "scaleUpMaxPods",
-        "scaleUpMaxPercent", "rateWindow",
+        "scaleDownMaxPods", "scaleDownMaxPercent", "scaleDownPeriodSeconds", "scaleDownReleaseWindowSeconds",
+        "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
         "queryTimeout", "podMetricsUrls", "activationPollInterval", "targetUtilisationPercent",
         # KEDA's own keys for its connection to this scaler: scalerAddress is KEDA's alone; the TLS
         # keys are checked against the connection the call arrived on (sluiceway_scaler.access).
@@ -155,6 +157,23 @@ def _url(key: str, v: str) -> str:
     return v.rstrip("/")
 
 
+def _release_window(md: Mapping[str, str], window: float | None) -> float | None:
+    """``scaleDownReleaseWindowSeconds``: absent, the policy's default; 0, off (None). Set, it must
+    be longer than the stabilisation window, which the policy would otherwise ignore silently."""
+    key = "scaleDownReleaseWindowSeconds"
+    default = ScaleDownPolicy().release_window
+    release = _duration(md, key, default, 0, 86_400)
+    if _str(md, key) is None or release is None:
+        return release
+    if release == 0:
+        return None
+    if window is not None and release <= window:
+        raise InvalidMetadata(
+            key, f"must be 0 (off) or longer than scaleDownWindowSeconds ({window:g}s), got {release:g}s"
+        )
+    return release
+
+
 def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> TriggerConfig:
     """Validate the trigger metadata. Unknown keys are rejected so that typos do not pass silently."""
     unknown = sorted(set(metadata) - KNOWN_KEYS)
@@ -199,6 +218,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
     down_pods = _int(metadata, "scaleDownMaxPods", None, 1, 10_000)
     down_pct = _float(metadata, "scaleDownMaxPercent", None, 0.1, 100)
     period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)
+    release = _release_window(metadata, window)
     up_pods = _int(metadata, "scaleUpMaxPods", None, 1, 10_000)
     up_pct = _float(metadata, "scaleUpMaxPercent", None, 1, 10_000)
     util_pct = _int(metadata, "targetUtilisationPercent", 80, 0, 100)
@@ -223,7 +243,11 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         target_utilisation=util_pct / 100.0 if util_pct else None,
         scale_up=ScaleUpPolicy(max_pods=up_pods, max_percent=up_pct),
         scale_down=ScaleDownPolicy(
-            stabilization_window=window, max_pods=down_pods, period=period, max_percent=down_pct
+            stabilization_window=window,
+            max_pods=down_pods,
+            period=period,
+            max_percent=down_pct,
+            release_window=release,
         ),
     )
     return TriggerConfig(

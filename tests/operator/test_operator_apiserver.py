@@ -107,6 +107,7 @@ def test_crd_accepted_with_defaults(admin: Admin) -> None:
     assert spec["timeouts"] == {"queue": "5s", "request": "35s", "drain": "30s"}
     assert spec["priorities"]["classes"] == ["critical", "standard", "batch"]
     assert spec["concurrency"]["permits"] == "auto"
+    assert spec["autoscaling"]["scaleDown"]["releaseWindow"] == "20m"
     crd = admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.sluiceway.io")
     assert crd["spec"]["names"]["shortNames"] == ["infsvc"]
     assert crd["spec"]["names"]["categories"] == ["sluiceway"]
@@ -163,6 +164,17 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
             {"autoscaling": {"scaleDown": {"stabilizationWindow": "2h"}}},
             "stabilization windows must be at most 1h",
         ),
+        # Issue 14: a release window the policy would ignore is refused, not silently dropped.
+        (
+            {"autoscaling": {"scaleDown": {"releaseWindow": "5m"}}},
+            "scaleDown.releaseWindow must be 0s (off) or longer than scaleDown.stabilizationWindow",
+        ),
+        (
+            {"autoscaling": {"scaleDown": {"stabilizationWindow": "30m", "releaseWindow": "30m"}}},
+            "scaleDown.releaseWindow must be 0s (off) or longer than scaleDown.stabilizationWindow",
+        ),
+        ({"autoscaling": {"scaleDown": {"releaseWindow": "25h"}}}, "scaleDown.releaseWindow must be at most 24h"),
+        ({"autoscaling": {"scaleDown": {"releaseWindow": "20 min"}}}, "spec.autoscaling.scaleDown.releaseWindow"),
         ({"timeouts": {"queue": "1.5s"}}, "spec.timeouts.queue"),  # schema pattern: no floats
         ({"autoscaling": {"engine": "hpa"}}, "Unsupported value"),
         # Scale to zero: nothing holds requests while no pod exists.
@@ -234,6 +246,14 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         admin.create(_path(), _isvc("bad", **spec), dry_run=True)
     assert info.value.status == 422
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("release", ["0s", "301s", "24h"])
+def test_release_window_off_or_longer_than_the_window_is_accepted(admin: Admin, release: str) -> None:
+    created = admin.create(
+        _path(), _isvc("release", autoscaling={"scaleDown": {"releaseWindow": release}}), dry_run=True
+    )
+    assert created["spec"]["autoscaling"]["scaleDown"]["releaseWindow"] == release
 
 
 @pytest.mark.parametrize("case", case_names())

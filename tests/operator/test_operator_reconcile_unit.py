@@ -81,3 +81,30 @@ def test_a_refused_dry_run_applies_nothing() -> None:
     assert "denied by policy" in outcome.config_error[1]
     assert all(dry for _, dry in kube.applied)  # only the dry runs before the refusal
     assert kube.events == ["ChildRejected"]
+
+
+def test_builtin_engine_policy_carries_the_release_window() -> None:
+    """The builtin engine's policy gets ``scaleDown.releaseWindow`` (default 20m, ``0s`` off), and
+    with it releases a surplus that outlasted the window instead of pacing it out at 2 % a minute."""
+    from sluiceway_core.policy import HistoryEntry, ScaleHistory, Signals, desired_replicas
+    from sluiceway_operator.reconcile import builtin_scaling_spec
+    from sluiceway_operator.spec import parse_spec
+
+    def scaling(**down: str) -> Any:
+        spec = _body(autoscaling={"engine": "builtin", "maxReplicas": 100, "scaleDown": down})["spec"]
+        return builtin_scaling_spec(parse_spec(spec))
+
+    assert scaling().scale_down.release_window == 1200
+    assert scaling(releaseWindow="30m").scale_down.release_window == 1800
+    assert scaling(releaseWindow="0s").scale_down.release_window is None
+    default = scaling().scale_down
+    assert (default.stabilization_window, default.max_pods, default.max_percent, default.period) == (300, 1, 2, 60)
+
+    # 21 minutes in which every recommendation was 2 while 50 replicas run: released to 2 at once.
+    history = ScaleHistory(tuple(HistoryEntry(float(t), 2, 50) for t in range(0, 1261, 15)))
+    quiet = Signals(queue_depth=0.0, utilisation=0.0)
+    released = desired_replicas(quiet, scaling(), 50, history, 1275.0)
+    assert released.replicas == 2, released.reason
+    # Off: the pace holds (at most max(1 pod, 2 %) per minute below the highest recent count).
+    paced = desired_replicas(quiet, scaling(releaseWindow="0s"), 50, history, 1275.0)
+    assert paced.replicas == 49, paced.reason

@@ -234,12 +234,13 @@ def test_scaled_object_is_fast_up_slow_down_with_fallback() -> None:
     # The spec's 10m window is held by the scaler alone: HPA 0 + scaler 600 = 600 (not 1200).
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 0
     assert so["triggers"][0]["metadata"]["scaleDownWindowSeconds"] == "600"
-    assert behavior["scaleDown"]["policies"] == [
-        {"type": "Pods", "value": 2, "periodSeconds": 120},
-        {"type": "Percent", "value": 2, "periodSeconds": 120},  # the CRD default, chosen with bench/scalesim
-    ]
-    assert behavior["scaleDown"]["selectPolicy"] == "Max"  # whichever removes more, as the scaler does
-    assert so["triggers"][0]["metadata"]["scaleDownMaxPercent"] == "2"
+    # The scaler paces the scale-down (and releases a long surplus); the HPA follows its answer at
+    # once (its default policy, 100 % per 15 s) instead of pacing it a second time.
+    assert behavior["scaleDown"]["policies"] == [{"type": "Percent", "value": 100, "periodSeconds": 15}]
+    md = so["triggers"][0]["metadata"]
+    assert (md["scaleDownMaxPods"], md["scaleDownPeriodSeconds"]) == ("2", "120")
+    assert md["scaleDownMaxPercent"] == "2"  # the CRD default, chosen with bench/scalesim
+    assert md["scaleDownReleaseWindowSeconds"] == "1800"  # the spec's 30m
     assert so["fallback"]["behavior"] == "currentReplicasIfHigher"
     (trigger,) = so["triggers"]
     # KEDA opens StreamIsActive (the scaler's push path) only for external-push.
@@ -270,6 +271,46 @@ def test_only_fields_keda_uses_with_min_replicas_at_least_one(name: str) -> None
     so = _by_kind(_render_case(name).manifests)["ScaledObject"]["spec"]
     assert so["minReplicaCount"] >= 1
     assert "pollingInterval" not in so and "cooldownPeriod" not in so
+
+
+def test_keda_engine_scaler_alone_paces_the_scale_down() -> None:
+    """The scaler's pace and release (sluiceway_core.policy steps 4-5) reach the pods only if the
+    HPA does not pace again: an HPA at 2 % a minute would hold a released surplus back (the
+    simulator's ``ours-keda-hpa-paced`` row, docs/scalesim.md)."""
+    so = _by_kind(_render_case("minimal").manifests)["ScaledObject"]["spec"]
+    behavior = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"] == {
+        "stabilizationWindowSeconds": 0,
+        "selectPolicy": "Max",
+        "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
+    }
+    # Scale-up stays as the spec says (the CRD defaults: 4 pods or 100 % per 15 s).
+    assert behavior["scaleUp"]["policies"] == [
+        {"type": "Pods", "value": 4, "periodSeconds": 15},
+        {"type": "Percent", "value": 100, "periodSeconds": 15},
+    ]
+    md = so["triggers"][0]["metadata"]
+    assert (md["scaleDownMaxPods"], md["scaleDownMaxPercent"], md["scaleDownPeriodSeconds"]) == ("1", "2", "60")
+    assert md["scaleDownReleaseWindowSeconds"] == "1200"  # the CRD default 20m
+
+
+def test_release_window_off_renders_zero() -> None:
+    spec = parse_spec({**load_case("minimal")["spec"], "autoscaling": {"scaleDown": {"releaseWindow": "0s"}}})
+    manifests = render(Owner("tiny", "ml", "u"), spec, {}, ENV).manifests
+    (trigger,) = _by_kind(manifests)["ScaledObject"]["spec"]["triggers"]
+    assert trigger["metadata"]["scaleDownReleaseWindowSeconds"] == "0"
+
+
+def test_prometheus_engine_hpa_paces_the_scale_down() -> None:
+    """KEDA's own triggers have no pace of their own: the HPA keeps the spec's (no release)."""
+    so = _by_kind(_render_case("promtriggers").manifests)["ScaledObject"]["spec"]
+    down = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == 300
+    assert down["selectPolicy"] == "Max"  # whichever removes more, as the scaler does
+    assert down["policies"] == [
+        {"type": "Pods", "value": 1, "periodSeconds": 60},
+        {"type": "Percent", "value": 2, "periodSeconds": 60},
+    ]
 
 
 def test_prometheus_engine_errors_on_missing_data() -> None:

@@ -95,11 +95,32 @@ BASE = {"model": {"image": "i", "format": "synthetic", "source": "synthetic:1"}}
         ({"tenants": [{"name": "x"}]}, "only the anonymous tenant"),
         ({"queue": {"targetWait": "9s"}}, "targetWait"),
         ({"surprise": 1}, "spec.surprise"),
+        # The release window must outlast the stabilisation window, else the policy ignores it.
+        ({"autoscaling": {"scaleDown": {"releaseWindow": "5m"}}}, "releaseWindow must be 0s \\(off\\) or longer"),
+        (
+            {"autoscaling": {"scaleDown": {"stabilizationWindow": "30m", "releaseWindow": "20m"}}},
+            "releaseWindow must be 0s \\(off\\) or longer than autoscaling.scaleDown.stabilizationWindow",
+        ),
+        ({"autoscaling": {"scaleDown": {"releaseWindow": "25h"}}}, "releaseWindow must be at most 24h"),
+        (
+            {"autoscaling": {"scaleDown": {"releaseWindow": "soon"}}},
+            "scaleDown.releaseWindow: 'soon' is not a duration",
+        ),
     ],
 )
 def test_cross_field_errors_name_the_field(patch: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         parse_spec({**BASE, **patch})
+
+
+@pytest.mark.parametrize(
+    ("release", "seconds"), [(None, 1200.0), ("30m", 1800.0), ("1h", 3600.0), ("0s", None), ("0m", None)]
+)
+def test_release_window_default_and_off(release: str | None, seconds: float | None) -> None:
+    """Default 20m (the policy's 1200 s); ``0s`` turns the release off."""
+    down = {} if release is None else {"releaseWindow": release}
+    spec = parse_spec({**BASE, "autoscaling": {"scaleDown": down}})
+    assert spec.autoscaling.scale_down.release_window_seconds == seconds
 
 
 # ------------------------------------------------------------------ what the API server would refuse

@@ -23,6 +23,7 @@ def test_good_metadata_and_defaults() -> None:
     assert cfg.spec.target_wait_p95 == 0.5
     assert (cfg.spec.min_replicas, cfg.spec.max_replicas) == (1, 100)
     assert cfg.spec.scale_down.stabilization_window == 300
+    assert cfg.spec.scale_down.release_window == 1200  # the policy's default
     assert cfg.rate_window == "1m"
     assert cfg.pod_metrics_urls == ()
     assert cfg.metric_name == "sluiceway-replicas-team-a-demo"
@@ -82,6 +83,16 @@ def test_durations(text: str, seconds: float) -> None:
         ({"scaleDownWindowSeconds": "7200"}, "a", "scaleDownWindowSeconds"),
         ({"scaleDownMaxPercent": "0"}, "a", "scaleDownMaxPercent"),
         ({"scaleDownMaxPercent": "150"}, "a", "scaleDownMaxPercent"),
+        ({"scaleDownReleaseWindowSeconds": "-1"}, "a", "scaleDownReleaseWindowSeconds"),
+        ({"scaleDownReleaseWindowSeconds": "soon"}, "a", "scaleDownReleaseWindowSeconds"),
+        ({"scaleDownReleaseWindowSeconds": "90000"}, "a", "scaleDownReleaseWindowSeconds"),
+        # not longer than the stabilisation window (300 s by default): the policy would ignore it
+        ({"scaleDownReleaseWindowSeconds": "300"}, "a", "scaleDownReleaseWindowSeconds"),
+        (
+            {"scaleDownWindowSeconds": "600", "scaleDownReleaseWindowSeconds": "400"},
+            "a",
+            "scaleDownReleaseWindowSeconds",
+        ),
         ({"rateWindow": "1 minute"}, "a", "rateWindow"),
         ({"podMetricsUrls": "ftp://x/metrics"}, "a", "podMetricsUrls"),
         ({"targetQueueDepth": "4"}, "a", "targetQueueDepth"),  # typo: unknown key
@@ -110,9 +121,19 @@ def test_operator_rendered_metadata_is_accepted() -> None:
         "scaleDownWindowSeconds": "300",
         "scaleDownMaxPods": "1",
         "scaleDownPeriodSeconds": "60",
+        "scaleDownReleaseWindowSeconds": "1800",
         "prometheusAddress": "http://prometheus.monitoring:9090",
     }
     cfg = parse_metadata(md, "team-a")
     assert cfg.spec.target_wait_p95 == 0.5
     assert cfg.spec.scale_up.max_pods == 4 and cfg.spec.scale_up.max_percent == 100
     assert cfg.spec.scale_down.stabilization_window == 300 and cfg.spec.scale_down.max_pods == 1
+    assert cfg.spec.scale_down.release_window == 1800
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0", None), ("1200", 1200.0), ("301", 301.0), ("30m", 1800.0)])
+def test_release_window(text: str, seconds: float | None) -> None:
+    """``scaleDownReleaseWindowSeconds``: 0 turns the release off; otherwise it must outlast the
+    window (checked above) and reaches the policy the scaler calls."""
+    cfg = parse_metadata(GOOD | {"scaleDownReleaseWindowSeconds": text}, "a")
+    assert cfg.spec.scale_down.release_window == seconds
