@@ -217,3 +217,30 @@ def test_grid_scores_candidates_against_the_peers(capsys: pytest.CaptureFixture[
     better = Scores("peer", "t", 1, 0.96, 0.04, 1.0, 1.0, 100.0, 1, 0, 1)
     worse = Scores("cheap", "t", 1, 0.90, 0.10, 1.0, 1.0, 50.0, 1, 0, 1)
     assert dominated_by(ours, [better, worse]) == ["peer"]
+
+
+def test_simulated_defaults_and_hpa_behaviour_are_what_the_operator_renders() -> None:
+    """The simulator's ``ours-keda`` must be the product: the CRD defaults as the operator turns them
+    into the policy, and the HPA behaviour it renders for engine keda (window and pace left to the
+    scaler). A change on either side that the other does not follow fails here."""
+    import yaml
+    from sluiceway_operator.reconcile import builtin_scaling_spec
+    from sluiceway_operator.render import scale_down_hpa_policies, scale_down_windows
+    from sluiceway_operator.spec import parse_spec
+
+    case = Path(__file__).resolve().parents[1] / "operator" / "cases" / "minimal.yaml"
+    spec = parse_spec(yaml.safe_load(case.read_text())["spec"])
+    assert spec.autoscaling.engine == "keda"
+    product = builtin_scaling_spec(spec)
+    simulated = default_spec(product.max_replicas)
+    assert simulated.scale_down == product.scale_down
+    assert simulated.scale_up == product.scale_up
+    assert (simulated.target_queue_per_replica, simulated.target_wait_p95, simulated.target_utilisation) == (
+        product.target_queue_per_replica, product.target_wait_p95, product.target_utilisation)
+
+    hpa = rendered_behavior(simulated, windows_add_up=True)
+    hpa_window, _ = scale_down_windows(spec)
+    assert hpa.down_window == hpa_window
+    (policy,) = scale_down_hpa_policies(spec)
+    assert (hpa.down_percent, hpa.down_period, hpa.down_pods) == (policy["value"], policy["periodSeconds"], None)
+    assert policy["type"] == "Percent"
