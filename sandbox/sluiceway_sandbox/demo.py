@@ -1,7 +1,8 @@
 """``sluiceway demo``: the whole loop on one machine, watched live.
 
 Brings the sandbox up (unless it is already), applies ``samples/sandbox-demo.yaml`` (a synthetic
-model with a known capacity, two tenants with keys, two priority classes, KEDA autoscaling 1..4),
+model with a known capacity, three tenants with keys, three priority classes, KEDA autoscaling 1..4;
+the sandbox comes up with the chart's quota coordinator on, so the tenants' quotas hold service-wide),
 waits for its first ready endpoint, then drives an open-loop ramp over the Service's ready
 endpoints: about half, once and three times one replica's capacity, then nothing. Every second it
 shows offered rate, goodput, answers by code and reason, queue depth and wait p95 (from Prometheus),
@@ -60,7 +61,11 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "sandbox-demo.yaml"
 #: the sample's tenants: who sends what (priority class, share of arrivals)
-DEFAULT_TRAFFIC = (("search-key", "interactive", 3.0), ("reports-key", "batch", 1.0))
+DEFAULT_TRAFFIC = (("search-key", "interactive", 3.0), ("reports-key", "batch", 1.0),
+                   ("alerts-key", "critical", 0.2))
+#: chart values the demo (and the end-to-end test) bring the sandbox up with: the scaler's quota
+#: coordinator on, so the sample's tenant quotas hold for the whole service (docs/scheduling.md)
+QUOTA_VALUES = (("scaler.quota.enabled", "true"),)
 
 
 @dataclass(frozen=True)
@@ -327,7 +332,7 @@ def run_demo(
     ramp = ramp or Ramp()
     out_dir = (out_dir or Path.cwd()).resolve()
     if up:
-        lifecycle.up(layout, lifecycle.UpOptions(build=build), progress)
+        lifecycle.up(layout, lifecycle.UpOptions(build=build, chart_values=QUOTA_VALUES), progress)
     try:
         kube = Kube.as_identity(layout, "admin")
         docs, isvc = _load_sample(sample)

@@ -320,10 +320,13 @@ async def run_load(
     body: bytes = DEFAULT_BODY,
     seed: int = 1,
     stop: threading.Event | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> list[Outcome]:
     """Send ``schedule`` (from :func:`build_schedule`) to ``path`` on the endpoints that
     ``endpoints()`` returns at each send. Outcomes are appended to ``outcomes`` as they complete
-    (another thread may read it for a live display). ``stop`` ends the run early."""
+    (another thread may read it for a live display). ``stop`` ends the run early. ``on_start`` is
+    called once with the run's time zero on ``time.monotonic()``'s scale (the event loop's clock),
+    from which every ``Outcome.t`` counts, so a caller can line outcomes up with its own clock."""
     if not path.startswith("/"):
         raise LoadgenError(f"path must start with '/', got {path!r}")
     if not 0 < timeout <= 600:
@@ -371,6 +374,8 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         t0 = loop.time() + 0.2
+        if on_start is not None:
+            on_start(t0)
         handles = [loop.call_at(t0 + t, spawn, session, t, ci, t0) for t, ci in schedule]
         horizon = schedule[-1][0] if schedule else 0.0
         try:

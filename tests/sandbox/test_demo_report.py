@@ -35,8 +35,8 @@ def test_sample_capacity_matches_the_ramp() -> None:
     assert spec.resources.gpus == 0
     a = spec.autoscaling
     assert (a.engine, a.min_replicas, a.max_replicas) == ("keda", 1, 4)
-    assert len(spec.priorities.classes) == 2
-    assert len(spec.tenants or []) == 2 and spec.access.allow_anonymous is False
+    assert len(spec.priorities.classes) == 3
+    assert len(spec.tenants or []) == 3 and spec.access.allow_anonymous is False
     secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
     assert {t.key_secret_ref.name for t in spec.tenants or [] if t.key_secret_ref} == secrets
     # the demo's traffic uses each tenant's own priority ceiling
