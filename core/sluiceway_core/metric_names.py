@@ -19,6 +19,7 @@ __all__ = [
     "ENQUEUED",
     "GPU_MEMORY_ALLOCATED",
     "INFERENCE_SECONDS",
+    "NOT_DEMAND_REASONS",
     "OOM",
     "QUEUE_DEPTH",
     "QUEUE_WAIT_SECONDS",
@@ -37,6 +38,20 @@ ENQUEUED = "sluiceway_enqueued_total"
 DEQUEUED = "sluiceway_dequeued_total"
 REQUESTS = "sluiceway_requests_total"
 REJECTED = "sluiceway_rejected_total"
+#: ``reason`` labels of ``REJECTED`` that more replicas would not serve: client mistakes, and the
+#: tenant's own limits (its quota holds service-wide, so more pods admit none of them). The scaler's
+#: demand term leaves them out of the offered rate; everything else refused (queue full, deadlines,
+#: draining pods, ...) is demand. tests/scaler/test_rules.py checks them against the pod's reasons.
+NOT_DEMAND_REASONS = (
+    "invalid_input",
+    "payload_too_large",
+    "body_timeout",
+    "model_not_found",
+    "unauthenticated",
+    "priority_forbidden",
+    "tenant_queue_full",
+    "rate_limited",
+)
 QUEUE_WAIT_SECONDS = "sluiceway_queue_wait_seconds"
 INFERENCE_SECONDS = "sluiceway_inference_seconds"
 CONCURRENCY_LIMIT = "sluiceway_concurrency_limit"

@@ -66,8 +66,14 @@ class Queries:
             ),
             # GPU permits in force per pod (the largest over pods).
             concurrency=f"max({m.CONCURRENCY_LIMIT}{{{s}}})",
-            # Requests offered per second, answered or refused (every answer is counted once).
-            offered_rate=f"sum(rate({m.REQUESTS}{{{s}}}[{window}]))",
+            # Requests offered per second that more replicas could serve: every answer (each is
+            # counted once) less the refusals no replica count changes (client mistakes, a tenant's
+            # own quota: metric_names.NOT_DEMAND_REASONS). Empty when no pod reports: hold.
+            offered_rate=(
+                f"sum(rate({m.REQUESTS}{{{s}}}[{window}]))"
+                f' - (sum(rate({m.REJECTED}{{{s},reason=~"{"|".join(m.NOT_DEMAND_REASONS)}"}}[{window}]))'
+                " or vector(0))"
+            ),
             # Device seconds per answered request (batches share their device time).
             request_cost=(
                 f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}]))"

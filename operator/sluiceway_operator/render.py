@@ -188,9 +188,12 @@ def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> d
     """The pod config's ``quota`` section, or None (no coordinator, or no quota to share).
 
     ``assumed_replicas`` is the divisor of the fallback share before a pod's first lease:
-    ``spec.replicas`` with engine ``none``, else ``minReplicas``. Never the live count: it is in
-    the config, whose hash rolls the pods, and a count that follows scaling would roll them on
-    every scale. After its first lease a pod divides by the count the coordinator reports.
+    ``spec.replicas`` with engine ``none``, else ``maxReplicas``, the most pods that can run at
+    once, so that pods started while the coordinator is unreachable never enforce more than the
+    quota together (``minReplicas`` would let each pod the autoscaler adds enforce the whole quota:
+    tests/quota/test_quota_with_autoscaling.py). Never the live count: it is in the config, whose
+    hash rolls the pods, and a count that follows scaling would roll them on every scale. After its
+    first lease a pod divides by the count the coordinator reports.
     """
     if env.quota_coordinator_url is None or not has_shared_quota(spec):
         return None
@@ -199,7 +202,7 @@ def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> d
         "coordinator_url": env.quota_coordinator_url,
         "service": f"{owner.namespace}/{owner.name}",
         "lease_seconds": env.quota_lease_seconds,
-        "assumed_replicas": max(1, spec.replicas if a.engine == "none" else a.min_replicas),
+        "assumed_replicas": max(1, spec.replicas if a.engine == "none" else a.max_replicas),
     }
 
 

@@ -79,7 +79,7 @@ def test_tenant_limits_with_a_coordinator_render_the_quota_section_and_pod_name(
         "coordinatorUrl": COORDINATOR,
         "service": "vision/resnet",
         "leaseSeconds": 4.0,
-        "assumedReplicas": 2,  # minReplicas: a count that follows scaling would roll the pods
+        "assumedReplicas": 10,  # maxReplicas: pods started without a lease never exceed the quota together
     }
     q = PodConfig.model_validate(config).quota
     assert q is not None and q.coordinator_url == COORDINATOR and q.service == "vision/resnet"
@@ -111,7 +111,7 @@ def test_no_quota_section_without_a_coordinator_or_limits(case: str, env: Enviro
 def test_default_limits_alone_are_shared_too() -> None:
     config, _ = _parts(_render("minimal", QUOTA_ENV, access={"defaults": {"maxConcurrent": 2}}))
     assert config["quota"]["service"] == "ml/tiny"
-    assert config["quota"]["assumedReplicas"] == 1
+    assert config["quota"]["assumedReplicas"] == 4  # the CRD's default maxReplicas
 
 
 # ------------------------------------------------------------------------------------------ status

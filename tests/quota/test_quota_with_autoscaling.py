@@ -1,17 +1,16 @@
 """Service-wide quotas meet autoscaling: two defects found with the sandbox end-to-end test
-(tests/sandbox/test_e2e.py), each shown here with real parts and marked ``xfail(strict=True)``
-because the fix belongs to a module outside the quota code. Fixing one turns its test into an
-unexpected pass, which fails the run: then remove its marker. docs/reliability.md, "Known defects".
+(tests/sandbox/test_e2e.py), each shown here with real parts; both failed before their fix
+(docs/reliability.md).
 
 1. The scaler's demand term sizes the fleet for the *offered* rate, and
-   ``sluiceway_core.signals.Queries.offered_rate`` counts every answer, the requests a tenant's quota
-   refused included (429 ``rate_limited``). With service-wide quotas more replicas admit none of
-   them, yet they hold replicas: in the sandbox a tenant offering 3x its 20/s quota held 3 replicas
-   where one served all the admitted work.
+   ``sluiceway_core.signals.Queries.offered_rate`` counted every answer, the requests a tenant's quota
+   refused included (429 ``rate_limited``); it now leaves out ``metric_names.NOT_DEMAND_REASONS``.
+   With service-wide quotas more replicas admit none of them, yet they held replicas: in the
+   sandbox a tenant offering 3x its 20/s quota held 3 replicas where one served all the admitted work.
 2. A pod that starts while the coordinator is unreachable divides the quota by
-   ``quota.assumedReplicas``, which the operator renders as ``minReplicas``
-   (``render.build_quota``): with ``minReplicas: 1`` every pod the autoscaler adds during the outage
-   enforces the whole quota, quota x replicas.
+   ``quota.assumedReplicas``, which the operator rendered as ``minReplicas``
+   (``render.build_quota``): with ``minReplicas: 1`` every pod the autoscaler added during the outage
+   enforced the whole quota, quota x replicas. It is now ``maxReplicas``.
 
 Bounded: one pod and Prometheus for ~12 s of load; three pods for ~12 s of load.
 """
@@ -37,7 +36,7 @@ QUOTA = 10.0  # requests/s, service-wide
 
 
 class Broken(RuntimeError):
-    """The setup did not do what the test needs (not the defect): fails the test even under xfail."""
+    """The setup did not do what the test needs (not the defect the test is about)."""
 
 
 def pod_config(tmp_path: Path, quota: dict[str, Any] | None) -> dict[str, Any]:
@@ -83,11 +82,6 @@ async def offer(pods: list[PodProcess], rate: float, seconds: float) -> list[tup
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known defect: Queries.offered_rate counts quota refusals as demand (owner: sluiceway_core.signals)",
-)
 def test_requests_refused_by_a_quota_are_not_demand_for_replicas(tmp_path: Path) -> None:
     why = prometheus_missing()
     if why:
@@ -125,11 +119,6 @@ def test_requests_refused_by_a_quota_are_not_demand_for_replicas(tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known defect: the fallback before a first lease divides by minReplicas (owner: render.build_quota)",
-)
 def test_pods_started_while_the_coordinator_is_down_never_multiply_the_quota(tmp_path: Path) -> None:
     spec = parse_spec(
         {

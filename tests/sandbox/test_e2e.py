@@ -477,11 +477,13 @@ def test_whole_loop(sandbox: Layout) -> None:
         new_pids = [pid for p in second for pid in container_pids(p)]
         assert new_pids and all(proc_start_time(pid) for pid in new_pids), summary(kube, NS)
         # 4. the flood stops; reports still offers 3x its quota and alerts 0.3x while KEDA takes
-        # replicas away. How far: the scaler's demand term counts reports' refused excess as demand
-        # (it held 3 replicas in a measured run), so the run ends once the count has fallen and settled.
+        # replicas away, down to one: what the quota refuses is not demand for replicas (one pod
+        # serves all the admitted work; the scaler once held 3 for reports' refused excess).
         down = runs["scale-down"] = Run.start([heavy, light], 240, watcher, seed=9)
         try:
             wait_for(lambda: desired() < peak, 180, f"replicas below {peak}", lambda: last_decision(layout))
+            wait_for(lambda: desired() == 1, 150, "replicas down to 1 while reports offers 3x its quota",
+                     lambda: last_decision(layout))
             wait_for(settled, 90, "the extra pods gone", lambda: summary(kube, NS))
             time.sleep(SETTLE)
         finally:
