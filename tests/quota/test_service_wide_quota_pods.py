@@ -2,7 +2,7 @@
 quota coordinator in a real ``sluiceway-scaler serve --quota-port`` process, uneven routing 70/20/10.
 
 Bounded: ~42 s of load at ~66 requests/s, then the processes are stopped. The sandbox variant, with
-replicas changing under the autoscaler, belongs to the sandbox issue and is not here.
+replicas changing under the autoscaler, is tests/sandbox/test_e2e.py::test_whole_loop.
 """
 
 from __future__ import annotations
