@@ -15,6 +15,13 @@
     Poisson rate (0.6 of the device for small alone, 2.4 for big). Measured: each tenant's share of
     the device time of the answered (2xx) requests. Fair share by device time gives each half; a
     server that counts requests (or serves FIFO, as the baseline does) gives big about 4/5.
+(i) Weighted device-time shares, N tenants (issue 11). The same stand-in; four tenants of weights
+    1, 2, 3, 4 sending requests of 1, 4, 2 and 8 rows, each offering the same 0.6 of the device
+    (Poisson), so every tenant offers more than its weighted share and stays backlogged. Measured, from
+    the device log of the stand-in (one line per request it computed): each tenant's device share in
+    the window against ``weight / sum(weights)``, and the largest deviation ``|S_i - w_i/W * S|`` at
+    any completion in the window, in units of the largest request cost ``C_max`` (S counted from the
+    window's start).
 
 Every scenario gets a fresh server (pinned to core 0; the generator on core 1), a warm-up, then
 the measured window. No deadline header is sent; the client times out after ``--timeout-f`` /
@@ -23,6 +30,7 @@ the measured window. No deadline header is sent; the client times out after ``--
     python -m bench.fairness                         # defaults: 3 s warm-up + 30 s per scenario
     python -m bench.fairness --duration 6 --warmup 1 # quick check
     python -m bench.fairness --only h                # device-time shares only
+    python -m bench.fairness --only i                # weighted shares of N tenants only
 """
 
 from __future__ import annotations
@@ -131,7 +139,7 @@ def run_scenario(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["f", "g", "h"], help="run one of the benchmarks")
+    p.add_argument("--only", choices=["f", "g", "h", "i"], help="run one of the benchmarks")
     p.add_argument("--ms-per-row", type=float, default=10.0, help="(h): device time per row of the stand-in")
     p.add_argument("--serve-baseline", type=int, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument("--duration", type=float, default=30.0)
@@ -142,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heavy-quota", type=float, default=0.5, help="heavy tenant's rate quota, x mu")
     p.add_argument("--timeout-f", type=float, default=2.0, help="client timeout in (f), seconds")
     p.add_argument("--timeout-g", type=float, default=12.0, help="client timeout in (g), seconds")
+    p.add_argument("--timeout-i", type=float, default=10.0, help="client timeout in (i), seconds")
     p.add_argument("--aging-seconds", type=float, default=1.0)
     p.add_argument("--queue-timeout", type=float, default=10.0, help="the pod's queue-wait budget in (g)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain FastAPI runs")
@@ -154,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     n_runs = (2 + (0 if ns.no_baseline else 2) if ns.only in (None, "f") else 0) + (
         2 + (0 if ns.no_baseline else 1) if ns.only in (None, "g") else 0) + (
-        1 + (0 if ns.no_baseline else 1) if ns.only in (None, "h") else 0)
+        1 + (0 if ns.no_baseline else 1) if ns.only in (None, "h") else 0) + (
+        1 + (0 if ns.no_baseline else 1) if ns.only in (None, "i") else 0)
     if n_runs * (ns.warmup + ns.duration) > 3600:
         p.error("the run would take over an hour of load; shorten --duration")
 
@@ -186,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["priority"] = priority(ns, mu, service, slo, run_dir, log_dir)
     if ns.only in (None, "h"):
         doc["device_time"] = device_time(ns, run_dir, log_dir)
+    if ns.only in (None, "i"):
+        doc["weighted_shares"] = weighted_shares(ns, run_dir, log_dir)
 
     meta["load_average_end"] = load_average()
     doc["wall_seconds"] = time.monotonic() - t0
@@ -344,7 +356,10 @@ class SizedRunner:
     """A stand-in whose device time is ``ms`` per row of the batch (sleep, then spin the last half
     millisecond, as :class:`~sluiceway_pod.models.SyntheticRunner`); echoes INPUT0. When
     ``SLUICEWAY_BENCH_DEVICE_FILE`` is set it keeps there (JSON) the device seconds it has spent on
-    requests of each row count: the server-side measure of who got the device."""
+    requests of each row count: the server-side measure of who got the device. When
+    ``SLUICEWAY_BENCH_DEVICE_LOG`` is set it appends there one line per request it computed:
+    ``<time.monotonic() at the end> <rows> <device seconds>`` (the monotonic clock is the machine's,
+    so the load generator can cut the log at its window)."""
 
     def __init__(self, ms: float, inputs: list[Any], outputs: list[Any], device: str) -> None:
         import os
@@ -353,16 +368,19 @@ class SizedRunner:
         self.per_row = ms / 1000.0
         self.inputs, self.outputs, self.device = inputs, outputs, device
         self.file = os.environ.get("SLUICEWAY_BENCH_DEVICE_FILE")
+        self.log = os.environ.get("SLUICEWAY_BENCH_DEVICE_LOG")
         self.spent: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def predict(self, requests: Sequence[Any]) -> list[Any]:
         rows = [int(r["INPUT0"].shape[0]) for r in requests]
         seconds = self.per_row * sum(rows)
-        end = time.perf_counter() + seconds
-        time.sleep(max(0.0, seconds - 0.0005))
-        while time.perf_counter() < end:
-            pass
+        end = time.monotonic() + seconds
+        # the bookkeeping is done first, inside the request's device time, so the server that times
+        # the call does not charge its file writes to the request
+        if self.log:
+            with self._lock, open(self.log, "a") as f:
+                f.write("".join(f"{end:.6f} {n} {self.per_row * n:.6f}\n" for n in rows))
         if self.file:
             import json
             import os
@@ -373,6 +391,9 @@ class SizedRunner:
                 tmp = self.file + ".tmp"
                 Path(tmp).write_text(json.dumps(self.spent))
                 os.replace(tmp, self.file)
+        time.sleep(max(0.0, end - time.monotonic() - 0.0005))
+        while time.monotonic() < end:
+            pass
         return [{"OUTPUT0": r["INPUT0"].copy()} for r in requests]
 
 
@@ -415,21 +436,25 @@ def body_rows(rows: int) -> bytes:
 
 
 async def sized_load(url: str, streams: Sequence[tuple[str, float, int, dict[str, str]]], ns: argparse.Namespace,
-                     spent_file: Path) -> tuple[dict[str, Counter[int]], dict[int, float]]:
+                     spent_file: Path, *, timeout_s: float | None = None,
+                     bounds: list[float] | None = None) -> tuple[dict[str, Counter[int]], dict[int, float]]:
     """Open-loop Poisson arrivals per (name, rate, rows, headers); returns status counts per stream
     of the requests sent inside the measured window (after ``--warmup``; timeouts count as 0), and
-    the device seconds the server spent per row count inside the window."""
+    the device seconds the server spent per row count inside the window. ``bounds``, if given, gets
+    the window's start and end on ``time.monotonic()``."""
     import asyncio
     import random
 
     import aiohttp
 
     out: dict[str, Counter[int]] = {name: Counter() for name, *_ in streams}
-    timeout = aiohttp.ClientTimeout(total=ns.timeout_f)
+    timeout = aiohttp.ClientTimeout(total=ns.timeout_f if timeout_s is None else timeout_s)
     conn = aiohttp.TCPConnector(limit=ns.max_inflight)
     async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
         start = time.monotonic()
         end = ns.warmup + ns.duration
+        if bounds is not None:
+            bounds[:] = [start + ns.warmup, start + end]
 
         async def one(name: str, at: float, body: bytes, headers: dict[str, str]) -> None:
             try:
@@ -528,6 +553,132 @@ def device_time(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dict[st
     print(table(["server", "tenant", "rows", "2xx", "device s", "device share", "codes"], rows_out))
     print()
     return {"config": str(cfg), "ms_per_row": ns.ms_per_row, "rate": rate, "runs": runs}
+
+
+# ---------------------------------------------------------------------------------------- (i)
+#: (i): (tenant, weight, rows per request): unequal weights, unequal sizes, not in the same order
+WEIGHTED_TENANTS = [("w1", 1, 1), ("w2", 2, 4), ("w3", 3, 2), ("w4", 4, 8)]
+
+
+def read_device_log(path: Path, start: float, end: float) -> list[tuple[float, int, float]]:
+    """(end time, rows, device seconds) of the requests the stand-in finished within [start, end]."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3 and start <= float(parts[0]) <= end:
+            out.append((float(parts[0]), int(parts[1]), float(parts[2])))
+    out.sort()
+    return out
+
+
+def share_deviation(events: Sequence[tuple[float, int, float]], weights: dict[int, int],
+                    c_max: float) -> tuple[float, dict[int, float]]:
+    """The largest ``|S_i - w_i/W * S| / c_max`` over the completions in ``events`` (tenants keyed
+    by their row count), and the worst signed deviation of each tenant (in units of ``c_max``)."""
+    total_w = sum(weights.values())
+    done = dict.fromkeys(weights, 0.0)
+    total = 0.0
+    worst: dict[int, float] = dict.fromkeys(weights, 0.0)
+    for _, rows, seconds in events:
+        if rows not in done:
+            continue
+        done[rows] += seconds
+        total += seconds
+        for r, w in weights.items():
+            dev = (done[r] - total * w / total_w) / c_max
+            if abs(dev) > abs(worst[r]):
+                worst[r] = dev
+    return max((abs(v) for v in worst.values()), default=0.0), worst
+
+
+def weighted_shares(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dict[str, Any]:
+    import asyncio
+    import os
+
+    from .servers import SERVER_CORE as CORE
+    from .servers import ServerProc, _env, _spawn, free_port
+
+    per_row = ns.ms_per_row / 1000.0
+    offered = 0.6  # of the device, per tenant
+    names = [n for n, _, _ in WEIGHTED_TENANTS]
+    keys = write_keys(run_dir, names)
+    cfg = write_config(run_dir, "weighted-shares", {
+        "model": {"spec": "bench.fairness:sized_runner", "warmupIterations": 1},
+        "server": {"logLevel": "warning"},
+        "concurrency": {"permits": 1},
+        "queue": {"maxDepth": 40, "timeoutSeconds": ns.timeout_i},
+        "tenants": {
+            "keysFile": str(run_dir / "keys.txt"),
+            "tenants": [{"name": n, "weight": w, "maxQueued": 8, "rate": 1000, "burst": 1000}
+                        for n, w, _ in WEIGHTED_TENANTS],
+        },
+    })
+    streams = [(n, offered / (rows * per_row), rows, {"Authorization": f"Bearer {keys[n]}"})
+               for n, _, rows in WEIGHTED_TENANTS]
+    weights = {rows: w for _, w, rows in WEIGHTED_TENANTS}
+    total_w = sum(weights.values())
+    c_max = max(weights) * per_row
+    core = CORE if client_pinned() else None
+    os.environ["SLUICEWAY_BENCH_MS_PER_ROW"] = f"{ns.ms_per_row:g}"
+    runs: dict[str, Any] = {}
+    plan = ["sluiceway"] + ([] if ns.no_baseline else ["fastapi"])
+    for server in plan:
+        spent_file = run_dir / f"weighted-{server}.json"
+        device_log = run_dir / f"weighted-{server}.log"
+        os.environ["SLUICEWAY_BENCH_DEVICE_FILE"] = str(spent_file)
+        os.environ["SLUICEWAY_BENCH_DEVICE_LOG"] = str(device_log)
+        try:
+            if server == "sluiceway":
+                srv = start_pod(log_dir, config_file=cfg, core=core)
+            else:
+                port = free_port()
+                argv = [sys.executable, "-m", "bench.fairness", "--serve-baseline", str(port),
+                        "--ms-per-row", f"{ns.ms_per_row:g}"]
+                proc, log = _spawn("fastapi-sized", argv, log_dir, core, _env())
+                srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+                srv.wait_ready()
+        finally:
+            del os.environ["SLUICEWAY_BENCH_DEVICE_LOG"]
+        window: list[float] = []
+        try:
+            counts, _ = asyncio.run(sized_load(srv.infer_url, streams, ns, spent_file, timeout_s=ns.timeout_i,
+                                               bounds=window))
+        finally:
+            rc = srv.stop()
+        events = read_device_log(device_log, *window)
+        dev = {n: sum(sec for _, r, sec in events if r == rows) for n, _, rows in WEIGHTED_TENANTS}
+        total = sum(dev.values())
+        worst, per = share_deviation(events, weights, c_max)
+        runs[server] = {"codes": {k: dict(v) for k, v in counts.items()}, "device_s": dev,
+                        "device_share": {k: (v / total if total else None) for k, v in dev.items()},
+                        "completions": len(events), "max_deviation_c_max": worst,
+                        "worst_deviation_c_max": {n: per[rows] for n, _, rows in WEIGHTED_TENANTS},
+                        "server_exit": rc, "log": str(srv.log_path)}
+        print(f"  {server}: {len(events)} completions in the window, max |S_i - w_i/W S| = {worst:.2f} x C_max",
+              flush=True)
+    print(f"\n## (i) weighted device-time shares: {len(WEIGHTED_TENANTS)} tenants, weights "
+          f"{'/'.join(str(w) for _, w, _ in WEIGHTED_TENANTS)}, rows {'/'.join(str(r) for *_, r in WEIGHTED_TENANTS)} "
+          f"at {ns.ms_per_row:g} ms a row (C_max = {c_max * 1000:g} ms), each offering {offered:g} of the device "
+          f"(Poisson), one permit; device seconds the stand-in spent in the {ns.duration:g} s window")
+    rows_out = []
+    for server, r in runs.items():
+        for n, w, rows in WEIGHTED_TENANTS:
+            c = r["codes"][n]
+            rows_out.append([server, n, str(w), str(rows), f"{w / total_w:.3f}", fmt(r["device_share"][n], ".3f"),
+                             fmt(r["worst_deviation_c_max"][n], "+.2f"), str(c.get(200, 0)),
+                             fmt_codes({str(k): v for k, v in c.items()})])
+    print(table(["server", "tenant", "weight", "rows", "w/W", "device share", "worst dev / C_max", "2xx", "codes"],
+                rows_out))
+    for server, r in runs.items():
+        print(f"{server}: max deviation from weight/sum(weights) at any completion = "
+              f"{r['max_deviation_c_max']:.2f} x C_max over {r['completions']} completions")
+    print()
+    return {"config": str(cfg), "ms_per_row": ns.ms_per_row, "offered_per_tenant": offered,
+            "c_max_s": c_max, "tenants": WEIGHTED_TENANTS, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -21,13 +21,19 @@ Guarantees
   2. Find the smallest aged band among the oldest ticket of every (tenant, class); the winning
      class is the highest class (lowest rank) having a ticket at that band.
   3. Among all tenants with a queued ticket of the winning class (and under their
-     ``maxConcurrent``), pick by start-time fair queueing *by device time*: the tenant's oldest
-     ticket of that class has the tag ``max(tenant's finish tag, V at its arrival - credit)``; when
-     it is dispatched the tenant's finish tag becomes ``tag + cost/weight``, where ``cost`` is the
-     estimated device seconds of the request (rows x the tenant's EWMA of device seconds per row);
-     when the batch ends the finish tag is corrected by ``(measured - estimated)/weight``. ``V``,
-     the virtual time, is the tag of the latest dispatch. The smallest tag goes (oldest on ties):
-     weights are shares of device time, a tenant sending large requests gets fewer of them.
+     ``maxConcurrent``), pick by WF2Q+ (Bennett & Zhang 1997: smallest eligible finish tag first)
+     *by device time*. Each tenant has a start tag ``S`` (the finish tag of its last dispatched
+     request); a tenant whose queue was empty re-enters at ``max(S, V - credit)``. Its oldest ticket
+     of the class would finish at ``F = S + cost/weight``, where ``cost`` is the estimated device
+     seconds of the request (rows x the tenant's EWMA of device seconds per row). Eligible are the
+     tenants with ``S <= V'``, ``V' = max(V, smallest S of the candidates)``; of those the smallest
+     ``F`` goes (oldest on ties). Dispatching it sets the tenant's ``S = F`` and the virtual time
+     ``V = V' + cost / sum(w)`` over the tenants the fluid (GPS) reference still serves (queued or
+     running work, or a finish tag ahead of ``V``); work served on burst credit does not advance
+     ``V``. When the batch ends, ``S`` and ``V`` are corrected by the measured minus the estimated
+     cost. Weights are shares of device time; with every tenant backlogged and one permit, each
+     tenant's device time stays within one maximum request cost of ``weight / sum(weights)`` of the
+     total (``N`` maximum costs with ``N`` permits).
   4. A batch whose head waits to fill (``max_batch_wait``) does not hold other batch keys back:
      they dispatch on the idle permits. A batch is filled in the same order as (1)-(3).
 
@@ -63,9 +69,11 @@ from .tenancy import Tenant
 
 P = TypeVar("P")
 
-#: Fair-queueing credit, in requests, that a tenant below its share may bank: its start tags may lag
-#: the virtual time by up to ``BURST_CREDIT * cost / weight``, so a light tenant's short burst is
-#: served in arrival order instead of being interleaved with a backlogged tenant's work.
+#: Fair-queueing credit, in requests, that a tenant re-entering after its queue ran empty gets: its
+#: start tag may lag the virtual time by up to ``(BURST_CREDIT + 1) * cost / weight`` (never more:
+#: idle time banks nothing beyond that), so the finish tags of a burst of up to ``BURST_CREDIT + 1``
+#: requests are all at or before the virtual time: a light tenant's short burst is served in
+#: arrival order instead of being interleaved with a backlogged tenant's work.
 BURST_CREDIT = 3.0
 
 
@@ -88,7 +96,6 @@ class Ticket(Generic[P]):
     payload: P
     answer: Answer
     state: str = "queued"  # queued -> running -> done | queued -> done
-    vstart: float = 0.0  # the floor of its fair-queueing tag: V at admission minus the burst credit
     rows: int = 1  # rows (dim 0) of the request: its device cost scales with them
     cost: float = 0.0  # estimated device seconds, charged to its tenant when dispatched
 
@@ -157,7 +164,9 @@ class _TenantQueue:
     by_class: list[deque[Ticket[Any]]]
     queued: int = 0
     running: int = 0
-    vfinish: float = 0.0  # SFQ finish tag of the tenant's last dispatched request (device seconds/weight)
+    #: WF2Q+ finish tag of its last dispatched request = start tag of its next one (-inf: never served)
+    vfinish: float = -math.inf
+    credit_until: float = -math.inf  # V when it last re-entered below V on burst credit
     per_row: _ServiceEstimate | None = None  # the tenant's EWMA of device seconds per row
 
 
@@ -203,7 +212,8 @@ class AdmissionCore(Generic[P]):
         self._class_depth = [0] * settings.num_classes
         self._tenants: dict[str, _TenantQueue] = {}
         self._ids = itertools.count(1)
-        self._vclock = 0.0  # SFQ virtual time: the start tag of the latest dispatched request
+        self._vclock = 0.0  # WF2Q+ system virtual time (device seconds per unit of backlogged weight)
+        self._served_since_idle = False  # whether anything was dispatched since the core was last idle
         self._deferred_until: float | None = None  # the earliest time a filling batch must go
         # (deadline, id, ticket) of queued tickets; entries of tickets that left the queue are
         # dropped lazily, and the heap is rebuilt when they outnumber the live ones.
@@ -231,18 +241,33 @@ class AdmissionCore(Generic[P]):
             return ahead + self._class_depth[rank]
         own_cost = self._estimate(mine, 1)
         own_n = len(mine.by_class[rank]) if mine is not None else 0
-        start = max(mine.vfinish if mine is not None else 0.0, self._vclock - BURST_CREDIT * own_cost / tenant.weight)
-        my_tag = start + own_n * own_cost / tenant.weight
+        start = self._reentry_tag(mine, own_cost, tenant.weight)
+        my_finish = start + (own_n + 1) * own_cost / tenant.weight
         ahead += own_n
         for tq in self._tenants.values():
             dq = tq.by_class[rank]
             if tq is mine or not dq:
                 continue
             step = self._estimate(tq, dq[0].rows) / tq.tenant.weight
-            head = max(tq.vfinish, dq[0].vstart)
-            if my_tag >= head:
-                ahead += min(len(dq), math.floor((my_tag - head) / step) + 1 if step > 0 else len(dq))
+            if step <= 0:
+                ahead += len(dq)
+            elif my_finish >= tq.vfinish + step:  # its k-th request finishes at vfinish + k * step
+                ahead += min(len(dq), math.floor((my_finish - tq.vfinish) / step))
         return ahead
+
+    def _reentry_tag(self, tq: _TenantQueue | None, cost: float, weight: int) -> float:
+        """The start tag of a tenant's next request: its finish tag while it has queued work; when
+        its queue is empty, ``max(finish tag, V - (BURST_CREDIT + 1) * cost / weight)``: a tenant that
+        had nothing queued while others were served may lag the virtual time by its burst credit,
+        and keeps that lag across idle periods of the core. A tenant never served yet gets credit
+        only once something was dispatched since the core was last idle: tenants that arrive
+        together at an idle core with no history all start at ``V``, on equal terms."""
+        if tq is not None and tq.queued > 0:
+            return tq.vfinish
+        finish = tq.vfinish if tq is not None else -math.inf
+        known = finish > -math.inf
+        credit = (BURST_CREDIT + 1) * cost / weight if known or self._served_since_idle else 0.0
+        return max(finish, self._vclock - credit)
 
     def answer_cost(self) -> float:
         """Time a dispatched request still needs to be answered: the service time plus a margin
@@ -340,6 +365,8 @@ class AdmissionCore(Generic[P]):
                 tenant,
                 priority_label,
             )
+        if self.depth == 0 and self.in_use == 0:
+            self._served_since_idle = False
         tq = self._tq(tenant)
         if tenant.max_queued is not None and tq.queued >= tenant.max_queued:
             raise self._reject(
@@ -375,8 +402,11 @@ class AdmissionCore(Generic[P]):
             next(self._ids), tenant, rank, priority_label, now, deadline, reason, batch_key, payload, answer
         )
         t.rows = max(1, int(self._rows_of(payload)))
-        # start-time fair queueing: the tag is max(tenant's finish tag, this floor), taken at dispatch
-        t.vstart = self._vclock - BURST_CREDIT * self._estimate(tq, t.rows) / tenant.weight
+        # WF2Q+: a tenant whose queue was empty re-enters at the virtual time (less the burst credit)
+        start = self._reentry_tag(tq, self._estimate(tq, t.rows), tenant.weight)
+        if start < self._vclock and tq.queued == 0:
+            tq.credit_until = self._vclock
+        tq.vfinish = start
         tq.by_class[rank].append(t)
         tq.queued += 1
         self.depth += 1
@@ -456,16 +486,19 @@ class AdmissionCore(Generic[P]):
         est = tq.per_row if tq is not None and tq.per_row is not None else self.per_row
         return max(est.value, 1e-9) * rows
 
-    @staticmethod
-    def _tag(t: Ticket[Any], vfinish: float) -> float:
-        """A queued ticket's fair-queueing tag, given its tenant's finish tag."""
-        return max(vfinish, t.vstart)
+    def _busy_weight(self) -> float:
+        """Sum of the weights of the backlogged tenants as the fluid (GPS) reference sees them: those
+        with queued or running work, and those whose finish tag the virtual time has not reached
+        yet (served ahead of the fluid schedule, which is still serving them)."""
+        v = self._vclock
+        busy = sum(tq.tenant.weight for tq in self._tenants.values() if tq.queued or tq.running or tq.vfinish > v)
+        return float(busy) or 1.0
 
     def _select(self, now: float, accept: Callable[[Ticket[Any]], bool], n: int) -> list[Ticket[P]]:
         """Up to ``n`` queued tickets that ``accept`` takes, in dispatch order (see the module
         docstring), as if each were dispatched in turn: tenants' finish tags and concurrency caps
-        advance along. Looks only at the first accepted ticket of every (tenant, class) queue
-        at each step: no sort of the queue."""
+        advance along, and so does the virtual time. Looks only at the first accepted ticket of every
+        (tenant, class) queue at each step: no sort of the queue (O(tenants x classes) per pick)."""
         heads: dict[tuple[str, int], tuple[Ticket[P], Any]] = {}
         vfinish: dict[str, float] = {}
         room: dict[str, int | None] = {}
@@ -484,24 +517,36 @@ class AdmissionCore(Generic[P]):
                     if first is not None:
                         heads[(name, c)] = (first, it)
         out: list[Ticket[P]] = []
+        vclock = self._vclock
+        busy = self._busy_weight()
         while heads and len(out) < n:
             # aging picks the class: the smallest aged band, the highest class on ties ...
             cls = min((self._band(t, now), c) for (_, c), (t, _) in heads.items())[1]
-            # ... fair queueing picks the tenant within it: the smallest tag, the oldest on ties
+            # ... WF2Q+ picks the tenant within it: among the eligible (start tag <= virtual time),
+            # the smallest finish tag, the oldest on ties
+            cands = [key for key in heads if key[1] == cls]
+            vnow = max(vclock, min(vfinish[key[0]] for key in cands))
             best: tuple[float, float, int] | None = None
             best_key: tuple[str, int] | None = None
-            for key, (t, _) in heads.items():
-                if key[1] != cls:
+            best_cost = 0.0
+            for key in cands:
+                start = vfinish[key[0]]
+                if start > vnow:
                     continue
-                order = (self._tag(t, vfinish[key[0]]), t.enqueued, t.id)
+                t = heads[key][0]
+                tq = self._tenants[key[0]]
+                cost = self._estimate(tq, t.rows)
+                order = (start + cost / tq.tenant.weight, t.enqueued, t.id)
                 if best is None or order < best:
-                    best, best_key = order, key
+                    best, best_key, best_cost = order, key, cost
             assert best is not None and best_key is not None
             t, it = heads[best_key]
             out.append(t)
             name = best_key[0]
             tq = self._tenants[name]
-            vfinish[name] = best[0] + self._estimate(tq, t.rows) / tq.tenant.weight
+            start = vfinish[name]
+            vfinish[name] = best[0]
+            vclock = vnow + self._uncredited(tq, start, best_cost) / busy
             left = room[name]
             if left is not None:
                 room[name] = left - 1
@@ -516,13 +561,26 @@ class AdmissionCore(Generic[P]):
                 heads[best_key] = (following, it)
         return out
 
-    def _charge(self, t: Ticket[Any]) -> None:
-        """Dispatching ``t``: its tenant's finish tag advances by its estimated cost."""
+    @staticmethod
+    def _uncredited(tq: _TenantQueue, start: float, cost: float) -> float:
+        """The part of a request's cost that the virtual time advances by: all of it, except the part
+        of its tag interval ``[start, start + cost/weight]`` that lies below the virtual time at
+        which its tenant re-entered on burst credit. That part is served on virtual time that has
+        already passed; counting it would push the virtual time ahead of every backlogged tenant,
+        a little more at each re-entry, and their credit would grow without bound."""
+        w = tq.tenant.weight
+        credited = max(0.0, min(start + cost / w, tq.credit_until) - start) * w
+        return max(0.0, cost - credited)
+
+    def _charge(self, t: Ticket[Any], busy: float) -> None:
+        """Dispatching ``t`` (chosen by :meth:`_select`, so eligible): its tenant's tag advances by
+        its estimated cost over its weight, the virtual time by that cost over the backlogged weight
+        ``busy`` (from at least the tenant's start tag: WF2Q+'s ``max(V, min S)``)."""
         tq = self._tenants[t.tenant.name]
-        tag = self._tag(t, tq.vfinish)
+        start = tq.vfinish
         t.cost = self._estimate(tq, t.rows)
-        tq.vfinish = tag + t.cost / t.tenant.weight
-        self._vclock = max(self._vclock, tag)
+        tq.vfinish = start + t.cost / t.tenant.weight
+        self._vclock = max(self._vclock, start) + self._uncredited(tq, start, t.cost) / busy
 
     def next_wakeup(self) -> float | None:
         """The earliest time at which :meth:`expire` or a deferred batch has work to do."""
@@ -567,14 +625,16 @@ class AdmissionCore(Generic[P]):
                     filling.add(key)
                     continue
             break
+        busy = self._busy_weight()  # the members' tenants are backlogged before and after
         for t in members:
             self._remove(t)
             mtq = self._tenants[t.tenant.name]
             mtq.running += 1
-            self._charge(t)
+            self._charge(t, busy)
             t.state = "running"
             self.obs.dequeued(t, now - t.enqueued)
         self.in_use += 1
+        self._served_since_idle = True
         self.obs.permits(self.limit, self.in_use)
         self.obs.batch(len(members))
         return Batch(members, head.batch_key, now)
@@ -582,6 +642,7 @@ class AdmissionCore(Generic[P]):
     def finish(self, batch: Batch[P], service_seconds: float | None) -> None:
         """Release the batch's permit (call when the device work has really ended)."""
         self.in_use -= 1
+        busy = self._busy_weight()  # the batch's tenants still count: the device served them until now
         for t in batch.tickets:
             self._tenants[t.tenant.name].running -= 1
         if service_seconds is not None:
@@ -596,6 +657,7 @@ class AdmissionCore(Generic[P]):
                     tq.per_row = _ServiceEstimate(per_row)
                 tq.per_row.observe(per_row)
                 tq.vfinish += (per_row * t.rows - t.cost) / t.tenant.weight
+                self._vclock += (per_row * t.rows - t.cost) / busy
         self.obs.permits(self.limit, self.in_use)
 
     def shrink(self) -> int:
