@@ -11,30 +11,38 @@ For the pod it also measures, on the same pod type:
 
 * ``json 100k`` / ``binary 100k``: a 100,000-element FP32 tensor echoed back (``synthetic:0``),
   once as OIP JSON, once with the binary tensor extension (request and response);
-* ``429``: every request refused by the tenant rate limit (``tenants.defaults.rate`` tiny), small
-  body and 100k JSON body: CPU per refusal vs per accepted request.
+* ``429`` (:func:`refusal_points`; alone with ``--refusal-only``): on one pod process with two
+  tenants, ``free`` (no limit) and ``limited`` (one token, then 429), the same small OIP JSON body
+  accepted and refused, and the same refusal bytes from a bare ASGI app served by the pod's own
+  uvicorn settings (``floor``, :func:`serve_floor`): CPU per request under wrk (c=32) and open loop
+  (Poisson at ``--rate``, :mod:`bench.loadgen`, CPU read from ``/proc`` at the window's edges),
+  alternating order per repetition; then a 100k JSON body accepted and refused.
 
 The no-op points repeat ``--reps`` times (3) in alternating order (ABC, CBA, ...); the table shows
 the median of each figure and the ratios are medians of the per-repetition ratios (the machine is
 shared: single runs of the same command differed by 1.4x in the pod/FastAPI ratio). It prints the
-table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU), writes JSON and a
-PNG under ``bench/results/``.
+table and the ratios (ours/FastAPI rps, binary/JSON rps, 429 CPU / accepted CPU, floor 429 CPU /
+accepted CPU), writes JSON and PNGs (no-op; 429) under ``bench/results/``.
 
 ``--in-process N`` measures the same no-op request without HTTP or wrk: each app (the pod's ASGI
 app on a started :class:`~sluiceway_pod.data_plane.DataPlane`, and the plain FastAPI app) is called
 ``N`` times in a fresh process pinned to core 0, by 32 and by 1 concurrent callers, and the process
-CPU time (all threads) per request is printed. No sockets and no client share the core, so it is
-steadier than the wrk points on a loaded machine; to compare two trees, run it with ``PYTHONPATH``
-pointing at the other tree's ``inference-pod`` and ``core`` folders.
+CPU time (all threads) per request is printed; likewise the refusal through the pod's app
+(``sluiceway-429``) and the bare floor app (``floor-429``: the harness's own cost). No sockets
+and no client share the core, so it is steadier than the wrk points on a loaded machine; to compare
+two trees, run it with ``PYTHONPATH`` pointing at the other tree's ``inference-pod`` and ``core``
+folders.
 
     python -m bench.overhead                  # 8 s per point, 3 repetitions of the no-op points
     python -m bench.overhead --duration 4 --reps 1 --servers sluiceway,fastapi
     python -m bench.overhead --in-process 10000 --reps 3
+    python -m bench.overhead --refusal-only --duration 4 --reps 3
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -53,9 +61,15 @@ from .common import machine_info, save_results, table
 from .servers import (
     CLIENT_CORE,
     RESULTS,
+    SERVER_CORE,
     ServerProc,
+    _env,
+    _spawn,
+    cores,
+    free_port,
     litserve_available,
     load_average,
+    pin_self,
     pinning_possible,
     start_fastapi,
     start_litserve,
@@ -70,6 +84,8 @@ f:close()
 wrk.headers["Content-Type"] = os.getenv("WRK_CTYPE") or "application/json"
 local hl = os.getenv("WRK_HDR_LEN")
 if hl and hl ~= "" then wrk.headers["Inference-Header-Content-Length"] = hl end
+local auth = os.getenv("WRK_AUTH")
+if auth and auth ~= "" then wrk.headers["Authorization"] = auth end
 """
 
 
@@ -101,12 +117,13 @@ def _ms(raw: str) -> float:
 
 
 def wrk(url: str, body: bytes, conns: int, seconds: float, tmp: Path, *, ctype: str = "application/json",
-        hdr_len: int | None = None) -> dict[str, Any]:
+        hdr_len: int | None = None, auth: str | None = None) -> dict[str, Any]:
     body_file = tmp / f"body-{len(body)}-{hdr_len}.bin"
     body_file.write_bytes(body)
     lua = tmp / "post.lua"
     lua.write_text(LUA)
-    env = {**os.environ, "WRK_BODY": str(body_file), "WRK_CTYPE": ctype, "WRK_HDR_LEN": str(hdr_len or "")}
+    env = {**os.environ, "WRK_BODY": str(body_file), "WRK_CTYPE": ctype, "WRK_HDR_LEN": str(hdr_len or ""),
+           "WRK_AUTH": auth or ""}
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency", "-s", str(lua), url]
     if pinning_possible():
         argv = ["taskset", "-c", str(CLIENT_CORE), *argv]
@@ -145,6 +162,153 @@ def pod_config(tmp: Path, name: str, extra: dict[str, Any]) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Refusals: accepted and refused requests on one pod process (two tenants), and the bare-uvicorn floor.
+
+#: The pod's refusal for the rate-limited tenant, byte for byte: the floor sends the same answer.
+FLOOR_BODY = b'{"error":"tenant \'limited\' is over its request rate","reason":"rate_limited"}'
+FLOOR_HEADERS = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+                 (b"content-length", str(len(FLOOR_BODY)).encode())]
+_READY_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"14")]
+
+
+async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A bare ASGI app that answers every request 429 (the pod's rate-limit refusal, same bytes)
+    without reading the body: what uvicorn alone costs per refusal. ``GET /v2/health/ready`` is 200."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/v2/health/ready":
+        await send({"type": "http.response.start", "status": 200, "headers": _READY_HEADERS})
+        await send({"type": "http.response.body", "body": b'{"ready":true}'})
+        return
+    await send({"type": "http.response.start", "status": 429, "headers": FLOOR_HEADERS})
+    await send({"type": "http.response.body", "body": FLOOR_BODY})
+
+
+def serve_floor(port: int) -> int:
+    """``--floor-server PORT``: :func:`floor_app` through the pod's own uvicorn settings
+    (:func:`sluiceway_pod.server.build_inference_uvicorn_config`: httptools with the header deadline,
+    uvloop, connection limit, no access log, no proxy-headers middleware)."""
+    import uvicorn
+    from sluiceway_core.config import build_config
+    from sluiceway_pod.server import build_inference_uvicorn_config
+
+    sc = build_config({"server": {"host": "127.0.0.1", "port": port, "logLevel": "warning"}}).server
+    uvicorn.Server(build_inference_uvicorn_config(floor_app, sc)).run()
+    return 0
+
+
+def start_floor(log_dir: Path) -> ServerProc:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.overhead", "--floor-server", str(port)]
+    proc, log = _spawn("floor429", argv, log_dir, SERVER_CORE, _env())
+    srv = ServerProc("floor429", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+    srv.wait_ready()
+    return srv
+
+
+FREE_KEY, LIMITED_KEY = "k-free", "k-limited"
+
+
+def tenant_pod_config(tmp: Path) -> Path:
+    """The no-op pod with two tenants: ``free`` (no limit) and ``limited`` (one token, then 429)."""
+    keys = tmp / "keys"
+    keys.write_text(f"{hashlib.sha256(FREE_KEY.encode()).hexdigest()} free\n"
+                    f"{hashlib.sha256(LIMITED_KEY.encode()).hexdigest()} limited\n")
+    return pod_config(tmp, "tenants", {"tenants": {
+        "keysFile": str(keys), "allowAnonymous": False,
+        "tenants": [{"name": "free"}, {"name": "limited", "rate": 0.001, "burst": 1}]}})
+
+
+def open_loop_cpu(srv: ServerProc, auth: str | None, rate: float, seconds: float) -> dict[str, Any]:
+    """Server CPU per request at a fixed offered rate (Poisson, open loop, :mod:`bench.loadgen`),
+    read from ``/proc`` at the edges of the measured window; the generator runs on the client core."""
+    from .loadgen import Stream, run_open_loop, run_sync
+
+    stats: dict[str, dict[str, float]] = {}
+
+    async def edge(name: str) -> dict[str, float]:
+        stats[name] = srv.cpu_stats()
+        return stats[name]
+
+    warm = 1.0
+    stream = Stream("s", rate, headers={"Authorization": auth} if auth else {}, timeout_s=5.0)
+    probes = {"c0": (warm, lambda: edge("c0")), "c1": (warm + seconds, lambda: edge("c1"))}
+    pinned = pinning_possible() and pin_self(CLIENT_CORE)
+    try:
+        res = run_sync(run_open_loop(srv.infer_url, [stream], duration=seconds, warmup=warm, body=small_body(),
+                                     probes=probes))
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, cores())
+    window = res.window()
+    answered = [r for r in window if r.status > 0]
+    cpu = stats["c1"]["cpu_s"] - stats["c0"]["cpu_s"] if "c0" in stats and "c1" in stats else float("nan")
+    codes: dict[str, int] = {}
+    for r in answered:
+        codes[str(r.status)] = codes.get(str(r.status), 0) + 1
+    return {"requests": len(answered), "codes": codes, "cpu_s": cpu,
+            "cpu_us_per_req": cpu / len(answered) * 1e6 if answered else None, "lag_share": res.lag_share}
+
+
+def refusal_points(tmp: Path, log_dir: Path, d: float, conns: int, reps: int, rate: float,
+                   n_big: int) -> dict[str, Any]:
+    """Per repetition, on one pod process and the floor server, in alternating order: the same small
+    OIP JSON body accepted (tenant ``free``), refused 429 (tenant ``limited``) and refused by the
+    bare-uvicorn floor, under wrk (closed loop, c=``conns``) and at ``rate``/s open loop; then the
+    100k JSON body accepted and refused."""
+    pod = start_pod(log_dir, config_file=tenant_pod_config(tmp))
+    floor = start_floor(log_dir)
+    free, limited = f"Bearer {FREE_KEY}", f"Bearer {LIMITED_KEY}"
+    out: dict[str, Any] = {"reps": []}
+    try:
+        # the limited tenant's one token goes here, outside any measurement
+        wrk(pod.infer_url, small_body(), 1, 0.5, tmp, auth=limited)
+        points = [("accepted", pod, free), ("refused", pod, limited), ("floor", floor, None)]
+        for rep in range(reps):
+            order = points if rep % 2 == 0 else list(reversed(points))
+            got: dict[str, Any] = {}
+            for name, srv, auth in order:
+                r = measure(srv, small_body(), conns, d, tmp, auth=auth)
+                r.pop("raw", None)
+                r["open_loop"] = open_loop_cpu(srv, auth, rate, d)
+                got[name] = r
+                print(f"  rep {rep + 1} {name}: wrk {r['rps']:.0f} rps, cpu {r['cpu_us_per_req'] or 0:.1f} us/req, "
+                      f"non-2xx {r['non_2xx']}/{r['requests']}; open loop {rate:g}/s: "
+                      f"cpu {r['open_loop']['cpu_us_per_req'] or 0:.1f} us/req, codes {r['open_loop']['codes']}",
+                      flush=True)
+            out["reps"].append(got)
+        bj = big_json(n_big)
+        out["accepted_big"] = {k: v for k, v in measure(pod, bj, 4, d, tmp, auth=free).items() if k != "raw"}
+        out["refused_big"] = {k: v for k, v in measure(pod, bj, 4, d, tmp, auth=limited).items() if k != "raw"}
+    finally:
+        pod.stop()
+        floor.stop()
+    return out
+
+
+def refusal_ratios(ref: dict[str, Any]) -> dict[str, float | None]:
+    """Medians over repetitions of the per-repetition ratios (CPU per request)."""
+    def ratio(a: str, b: str, open_loop: bool) -> float | None:
+        vals = []
+        for rp in ref["reps"]:
+            x, y = (rp[a]["open_loop"], rp[b]["open_loop"]) if open_loop else (rp[a], rp[b])
+            if x["cpu_us_per_req"] and y["cpu_us_per_req"]:
+                vals.append(x["cpu_us_per_req"] / y["cpu_us_per_req"])
+        return _median(vals)
+
+    out = {
+        "429 cpu / accepted cpu (small body, one pod, wrk)": ratio("refused", "accepted", False),
+        "floor 429 cpu / accepted cpu (bare uvicorn, wrk)": ratio("floor", "accepted", False),
+        "429 cpu / floor 429 cpu (wrk)": ratio("refused", "floor", False),
+        "429 cpu / accepted cpu (small body, one pod, open loop)": ratio("refused", "accepted", True),
+        "floor 429 cpu / accepted cpu (bare uvicorn, open loop)": ratio("floor", "accepted", True),
+    }
+    acc, ref_big = ref["accepted_big"]["cpu_us_per_req"], ref["refused_big"]["cpu_us_per_req"]
+    out["429 cpu / accepted cpu (100k JSON body)"] = ref_big / acc if acc and ref_big else None
+    return out
+
+
 def plot(doc: dict[str, Any], path: Path) -> Path | None:
     try:
         import matplotlib
@@ -165,6 +329,47 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     for ax in axes:
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"overhead {doc['meta']['started']} (load avg {doc['meta']['load_average_start']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _one_body(body: bytes) -> Any:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _discard(message: Any) -> None:
+    return None
+
+
+def plot_refusal(doc: dict[str, Any], path: Path) -> Path | None:
+    """CPU per request of the 429 section: accepted / refused / floor, wrk and open loop (medians)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ref = doc["refusal"]
+    names = ["accepted", "refused", "floor"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    panels = ((axes[0], None, f"wrk, c={doc['args']['connections']}"),
+              (axes[1], "open_loop", f"open loop {doc['args']['rate']:g}/s"))
+    for ax, sub, title in panels:
+        vals = [_median([(rp[n][sub] if sub else rp[n])["cpu_us_per_req"] for rp in ref["reps"]]) or 0 for n in names]
+        bars = ax.bar(names, vals, color=["tab:blue", "tab:red", "tab:gray"])
+        ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals])
+        ax.axhline(vals[0] / 10, color="k", ls="--", lw=1, label="accepted / 10")
+        ax.set_title(f"server CPU µs per request, {title}")
+        ax.legend(loc="upper right")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"429 vs accepted, one pod; floor = bare uvicorn ({doc['meta']['started']}, "
+                 f"load avg {doc['meta']['load_average_start']})")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -203,7 +408,7 @@ def _inproc_worker(which: str, n: int, conc: int) -> dict[str, float]:
 
             await app(dict(scope), receive, send)
             gone.set()
-            if out[0]["status"] != 200:
+            if out[0]["status"] != expect:
                 raise RuntimeError(f"status {out[0]['status']}: {out}")
 
         async def caller(k: int) -> None:
@@ -212,19 +417,28 @@ def _inproc_worker(which: str, n: int, conc: int) -> dict[str, float]:
 
         await asyncio.gather(*(caller(total // conc) for _ in range(conc)))
 
+    expect = 429 if which.endswith("-429") else 200
+
     async def run() -> dict[str, float]:
-        if which == "sluiceway":
+        if which in ("sluiceway", "sluiceway-429"):
             from prometheus_client import CollectorRegistry
             from sluiceway_core.config import build_config
             from sluiceway_pod.app import build_app
             from sluiceway_pod.data_plane import DataPlane
             from sluiceway_pod.metrics import PodMetrics
 
-            cfg = build_config({"model": {"spec": "synthetic:0", "warmupIterations": 1},
-                                "concurrency": {"permits": 2}, "queue": {"maxDepth": 256}})
+            raw: dict[str, Any] = {"model": {"spec": "synthetic:0", "warmupIterations": 1},
+                                   "concurrency": {"permits": 2}, "queue": {"maxDepth": 256}}
+            if which == "sluiceway-429":  # the anonymous tenant's one token goes to the first call
+                raw["tenants"] = {"defaults": {"rate": 0.001, "burst": 1}}
+            cfg = build_config(raw)
             plane = DataPlane(cfg, PodMetrics(CollectorRegistry(), cfg.model.name))
             await plane.start()
             app: Any = build_app(plane)
+            if which == "sluiceway-429":
+                await app(dict(scope), _one_body(body), _discard)
+        elif which == "floor-429":
+            app = floor_app
         else:
             from .baseline_fastapi import build_app as build_fastapi
 
@@ -240,7 +454,7 @@ def _inproc_worker(which: str, n: int, conc: int) -> dict[str, float]:
 
 def in_process(n: int, reps: int) -> int:
     """The ``--in-process`` table: per repetition, each app in a fresh pinned process, order alternating."""
-    servers = ["sluiceway", "fastapi"]
+    servers = ["sluiceway", "fastapi", "sluiceway-429", "floor-429"]
     meta = machine_info()
     print(f"# in-process overhead {meta['started']}; load average {meta['load_average_start']}; core 0; "
           f"{n} requests per point", flush=True)
@@ -265,6 +479,9 @@ def in_process(n: int, reps: int) -> int:
         ours, peer = got[("sluiceway", conc)], got[("fastapi", conc)]
         ratio = _median([a["cpu_us"] / b["cpu_us"] for a, b in zip(ours, peer, strict=True)])
         print(f"  cpu/req ours/fastapi, {conc} caller(s): {ratio:.2f}")
+        refused = got[("sluiceway-429", conc)]
+        ratio = _median([a["cpu_us"] / b["cpu_us"] for a, b in zip(refused, ours, strict=True)])
+        print(f"  cpu/req 429/accepted (the pod's ASGI app alone, no HTTP), {conc} caller(s): {ratio:.2f}")
     print(f"# load average at end {load_average()}")
     return 0
 
@@ -275,12 +492,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--in-process-worker"]:
         print(json.dumps(_inproc_worker(argv[1], int(argv[2]), int(argv[3]))), flush=True)
         return 0
+    if argv[:1] == ["--floor-server"]:
+        return serve_floor(int(argv[1]))
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--servers", default=None, help="sluiceway,fastapi[,litserve]")
     p.add_argument("--elements", type=int, default=100_000, help="tensor size of the codec comparison")
     p.add_argument("--skip-pod-extras", action="store_true", help="no codec / 429 points")
+    p.add_argument("--refusal-only", action="store_true",
+                   help="only the 429 section (accepted vs refused on one pod, and the bare-uvicorn floor)")
+    p.add_argument("--rate", type=float, default=500.0, help="offered rate of the open-loop 429 points (1/s)")
     p.add_argument("--reps", type=int, default=3, help="no-op repetitions, order alternating; ratios are medians")
     p.add_argument("--in-process", type=int, metavar="N", default=0,
                    help="instead: N no-op calls per point through the ASGI apps in-process (no HTTP, no wrk)")
@@ -289,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         return in_process(ns.in_process, ns.reps)
     if shutil.which("wrk") is None:
         p.error("wrk is not installed (apt-get install wrk)")
-    servers = ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi"] + (
+    servers = [] if ns.refusal_only else ns.servers.split(",") if ns.servers else ["sluiceway", "fastapi"] + (
         ["litserve"] if litserve_available() else [])
     meta = machine_info()
     log_dir = RESULTS / "logs"
@@ -333,22 +555,20 @@ def main(argv: list[str] | None = None) -> int:
                                                    hdr_len=hl)
             finally:
                 srv.stop()
-            srv = start_pod(log_dir, config_file=pod_config(tmp, "refuse", {
-                "tenants": {"defaults": {"rate": 0.001, "burst": 1}}}))
-            try:
-                doc["pod"]["refuse_small"] = measure(srv, small_body(), c, d, tmp)
-                doc["pod"]["refuse_big"] = measure(srv, big_json(n), 4, d, tmp)
-            finally:
-                srv.stop()
             for v in doc["pod"].values():
                 v.pop("raw", None)
+        if ns.refusal_only or ("sluiceway" in servers and not ns.skip_pod_extras):
+            print(f"# 429 section: one pod (tenants free / limited) and the bare-uvicorn floor; wrk c={c}, "
+                  f"open loop {ns.rate:g}/s; load average {load_average()}", flush=True)
+            doc["refusal"] = refusal_points(tmp, log_dir, d, c, ns.reps, ns.rate, ns.elements)
     meta["load_average_end"] = load_average()
     rows = [[n, f"{v['rps']:.0f}", f"{v['p50_ms']}", f"{v['p99_ms']}", f"{v['c1_p50_ms']}",
              f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['runq_share']:.0%}", str(v["non_2xx"])]
             for n, v in doc["noop"].items()]
-    print(f"\n## no-op, closed loop (wrk -t1), server pinned to core 0; median of {ns.reps} repetition(s)")
-    print(table(["server", f"rps c={c}", "p50 ms", "p99 ms", "c=1 p50 ms", "cpu us/req", "srv runq", "non-2xx"],
-                rows))
+    if rows:
+        print(f"\n## no-op, closed loop (wrk -t1), server pinned to core 0; median of {ns.reps} repetition(s)")
+        print(table(["server", f"rps c={c}", "p50 ms", "p99 ms", "c=1 p50 ms", "cpu us/req", "srv runq", "non-2xx"],
+                    rows))
     ratios: dict[str, float | None] = {}
     noop = doc["noop"]
     if "sluiceway" in noop:
@@ -360,25 +580,37 @@ def main(argv: list[str] | None = None) -> int:
                 for rp in doc["noop_reps"] if rp[peer]["cpu_us_per_req"]])
     pod = doc["pod"]
     if pod:
-        print(f"\n## pod: {ns.elements}-element FP32 tensor echoed, c=4; and refusals (429, tenant rate limit)")
+        print(f"\n## pod: {ns.elements}-element FP32 tensor echoed, c=4")
         prow = [[k, f"{v['rps']:.0f}", f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['p50_ms']}", str(v["non_2xx"])]
                 for k, v in pod.items()]
         print(table(["point", "rps", "cpu us/req", "p50 ms", "non-2xx"], prow))
         ratios["binary/json rps (100k)"] = pod["binary_big"]["rps"] / pod["json_big"]["rps"]
-        acc = noop.get("sluiceway", {}).get("cpu_us_per_req")
-        if acc:
-            ratios["429 cpu / accepted cpu (small body)"] = (pod["refuse_small"]["cpu_us_per_req"] or 0) / acc
-        if pod["json_big"]["cpu_us_per_req"]:
-            ratios["429 cpu / accepted cpu (100k JSON body)"] = (
-                (pod["refuse_big"]["cpu_us_per_req"] or 0) / pod["json_big"]["cpu_us_per_req"])
+    ref = doc.get("refusal")
+    if ref:
+        print(f"\n## 429: small OIP JSON body; accepted / refused on one pod, floor = bare ASGI 429 through the "
+              f"same uvicorn; median of {ns.reps} repetition(s)")
+        rrow = []
+        for name in ("accepted", "refused", "floor"):
+            def med(key: str, sub: str | None = None, name: str = name) -> Any:
+                return _median([(rp[name][sub] if sub else rp[name])[key] for rp in ref["reps"]])
+            rrow.append([name, f"{med('rps'):.0f}", f"{med('cpu_us_per_req'):.1f}", f"{med('runq_share'):.0%}",
+                         f"{med('cpu_us_per_req', 'open_loop'):.1f}", f"{med('requests', 'open_loop'):.0f}"])
+        for name in ("accepted_big", "refused_big"):
+            v = ref[name]
+            rrow.append([name, f"{v['rps']:.0f}", f"{v['cpu_us_per_req'] or 0:.1f}", f"{v['runq_share']:.0%}", "-",
+                         "-"])
+        print(table(["point", f"wrk rps c={c}", "cpu us/req", "srv runq", f"open {ns.rate:g}/s cpu us/req",
+                     "open requests"], rrow))
+        ratios.update(refusal_ratios(ref))
     print("\n## ratios (one run; the no-op ones are medians of the per-repetition ratios)")
     for k, v in ratios.items():
         print(f"  {k}: {'-' if v is None else f'{v:.2f}'}")
     doc["ratios"] = ratios
     print(f"# load average at end {meta['load_average_end']}")
     path = save_results("overhead", doc)
-    png = plot(doc, path.with_suffix(".png"))
-    print(f"# results: {path}" + (f", plot: {png}" if png else ""))
+    png = plot(doc, path.with_suffix(".png")) if doc["noop"] else None
+    png429 = plot_refusal(doc, path.with_name(path.stem + "-429.png")) if doc.get("refusal") else None
+    print(f"# results: {path}" + (f", plot: {png}" if png else "") + (f", 429 plot: {png429}" if png429 else ""))
     return 0
 
 

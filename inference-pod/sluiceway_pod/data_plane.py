@@ -11,7 +11,9 @@ client's disconnect. The HTTP layer (:mod:`sluiceway_pod.app`) only adapts bytes
 Cheap refusals first: :meth:`DataPlane.admit_headers` decides everything the headers allow (API key,
 model name, readiness, priority, deadline header, token bucket, queue room) *before* the transport
 reads the body, so a refused request costs no body decoding; :meth:`DataPlane.infer_body` then decodes
-(in a worker thread for large bodies, so the loop keeps answering probes) and admits.
+(in a worker thread for large bodies, so the loop keeps answering probes) and admits. The token
+bucket's and the full queue's 429s are built once per tenant, priority, ``Retry-After`` (and depth)
+and reused (no exception raised).
 
 Drain (SIGTERM): readiness turns false at once; admission stays open ``server.drainDelaySeconds``
 (while endpoints are being removed; requests admitted then must fit the remaining budget), then
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ from .errors import (
     Overloaded,
     PayloadTooLarge,
     QueueFull,
+    RateLimited,
     SluicewayError,
     http_status,
     new_error_id,
@@ -79,6 +83,9 @@ class Response:
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    #: the headers as the transport sends them (with ``content-length``), filled in by the
+    #: transport on first send: an answer reused for many requests (a cached refusal) is encoded once
+    encoded: list[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
 
 
 #: Bodies above this size are decoded in a worker thread (the loop keeps serving probes meanwhile).
@@ -148,6 +155,7 @@ class DataPlane:
         self._fallback_slots: FallbackSlots | None = None
         self._fallback_pool: ThreadPoolExecutor | None = None
         self.start_error: str | None = None
+        self._refusals: dict[tuple[Any, ...], tuple[Response, Any, Any]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -324,6 +332,46 @@ class DataPlane:
         self.metrics.answered(tenant.label if tenant else OTHER, priority, resp.status)
         return resp
 
+    def _cached_refusal(
+        self, key: tuple[Any, ...], make: Callable[[], SluicewayError], tenant: Tenant, priority: str
+    ) -> Response:
+        """The 429s of overload (token bucket, full queue): the answer and its two counters are built
+        once per ``key`` (everything the answer shows: tenant, priority, ``Retry-After``, queue
+        depth) and reused, so a refusal costs a look-up and two increments: no exception object,
+        no encoding. At most 4096 answers are kept (tenants x classes x seconds x depths)."""
+        hit = self._refusals.get(key)
+        if hit is None:
+            err = make()
+            m = self.metrics
+            hit = (
+                error_response(err),
+                m.child(m.rejected, tenant.label, priority, err.reason),
+                m.child(m.requests, tenant.label, priority, str(http_status(err))),
+            )
+            if len(self._refusals) < 4096:
+                self._refusals[key] = hit
+        resp, rejected, answered = hit
+        rejected.inc()
+        answered.inc()
+        return resp
+
+    def _rate_limited(self, tenant: Tenant, priority: str, wait: float) -> Response:
+        return self._cached_refusal(
+            ("rate_limited", tenant.name, priority, max(1, math.ceil(wait))),
+            lambda: RateLimited(f"tenant {tenant.name!r} is over its request rate", retry_after=wait),
+            tenant,
+            priority,
+        )
+
+    def _queue_full(self, tenant: Tenant, priority: str, core: AdmissionCore[Tensors]) -> Response:
+        depth, wait = core.depth, core.retry_after()
+        return self._cached_refusal(
+            ("queue_full", tenant.name, priority, depth, max(1, math.ceil(wait))),
+            lambda: QueueFull(f"queue full ({depth} waiting)", retry_after=wait),
+            tenant,
+            priority,
+        )
+
     def admit_headers(self, model_name: str, headers: Mapping[str, str]) -> Admitted | Response:
         """Everything the headers decide, before the body is read: API key (401 before anything names
         a model), model name (404), readiness and drain (503), priority and deadline headers (400),
@@ -351,12 +399,14 @@ class DataPlane:
             budget = left if budget is None else min(budget, left)
         core = self.core
         try:
-            core.precheck(tenant, rank, priority)  # counts its own refusals
+            core.precheck(tenant, rank, priority, check_rate=False)  # counts its own refusals
         except SluicewayError as e:
             return self._refused(e, tenant, priority, counted=True)
+        wait = self.tenants.take_token(tenant)  # the core's own rate check, without raising
+        if wait > 0:
+            return self._rate_limited(tenant, priority, wait)
         if not self.config.degradation.enabled and not core.has_room(rank, tenant):  # no room, nobody to displace
-            full = QueueFull(f"queue full ({core.depth} waiting)", retry_after=core.retry_after())
-            return self._refused(full, tenant, priority)
+            return self._queue_full(tenant, priority, core)
         return Admitted(tenant, rank, priority, budget)
 
     async def infer(

@@ -12,6 +12,14 @@ The order of work: the declared
 (:meth:`~sluiceway_pod.data_plane.DataPlane.admit_headers`), and only then the body, read within
 ``server.bodyTimeoutSeconds`` (408); a refusal returns before the body is read.
 
+A refusal never awaits the body. The connection stays open: uvicorn's parser (httptools) still
+frames the request by its ``Content-Length`` or chunks and drops the unread bytes once the answer is
+complete (:class:`~sluiceway_pod.server.HeaderDeadlineProtocol` bounds how long that may take), so
+they cannot be read as the next request. The one exception is a request that announced
+``Expect: 100-continue``: no ``100 Continue`` was sent, so the client may never send the body its
+headers announced, and the next request would be parsed as that body; such a refusal carries
+``Connection: close``.
+
 Concurrency model: runs on the server's event loop, like the data plane it calls.
 """
 
@@ -45,6 +53,13 @@ def infer_model_name(path: str) -> str | None:
 
 _NOT_ALLOWED = {"content-type": "application/json", "allow": "POST"}
 
+#: Encoded header pairs of the answers the fast path sends most (every refusal, every JSON answer).
+_ENCODED: dict[tuple[str, str], tuple[bytes, bytes]] = {
+    ("content-type", "application/json"): (b"content-type", b"application/json"),
+    **{("retry-after", str(s)): (b"retry-after", str(s).encode()) for s in range(1, 61)},
+}
+_CLOSE = (b"connection", b"close")
+
 
 class _Disconnected(Exception):
     pass
@@ -59,27 +74,39 @@ class InferFastPath:
         if scope["type"] == "http":
             name = infer_model_name(scope["path"])
             if name is not None:
+                closing = self.plane.shutting_down
                 if scope["method"] == "POST":
-                    r = await self._infer(name, scope, receive)
+                    # ASGI header names are lower-case bytes; a repeated header keeps its last
+                    # value, as the dict the FastAPI route builds does
+                    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                    decided = self._before_body(name, headers)
+                    if isinstance(decided, Admitted):
+                        r = await self._infer(decided, headers, receive)
+                    else:
+                        r = decided
+                        if headers.get("expect", "").lower() == "100-continue":
+                            closing = True  # the announced body may never come: see the module doc
                 else:  # the infer paths take POST only (as a FastAPI route would answer)
                     r = Response(405, b'{"detail":"Method Not Allowed"}', dict(_NOT_ALLOWED))
-                await _send(send, r, self.plane.shutting_down)
+                await _send(send, r, closing)
                 return
         await self.app(scope, receive, send)
 
-    async def _infer(self, name: str, scope: Scope, receive: Receive) -> Response:
+    def _before_body(self, name: str, headers: dict[str, str]) -> Admitted | Response:
+        """What is decided before the body is read: a 413 on the declared length, a refusal on
+        the headers (counted and answered), or the admission so far. Nothing is awaited."""
         plane = self.plane
-        server = plane.config.server
-        limit = server.max_body_bytes
-        # ASGI header names are lower-case bytes; a repeated header keeps its last value, as
-        # the dict the FastAPI route builds does
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = plane.config.server.max_body_bytes
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return plane.refuse(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}"))
-        admitted = plane.admit_headers(name, headers)
-        if not isinstance(admitted, Admitted):  # refused on the headers: the body is never read
-            return admitted
+        return plane.admit_headers(name, headers)
+
+    async def _infer(self, admitted: Admitted, headers: dict[str, str], receive: Receive) -> Response:
+        """Read the body (within ``server.bodyTimeoutSeconds``), then decode, admit and answer."""
+        plane = self.plane
+        server = plane.config.server
+        limit = server.max_body_bytes
         chunks: list[bytes] = []
         size = 0
         try:
@@ -113,9 +140,12 @@ class InferFastPath:
 
 
 async def _send(send: Send, r: Response, closing: bool) -> None:
-    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()]
-    raw.append((b"content-length", str(len(r.body)).encode()))
-    if closing:  # after SIGTERM: clients reconnect (to other replicas), see app.CloseWhileShuttingDown
-        raw.append((b"connection", b"close"))
+    raw = r.encoded
+    if raw is None:
+        raw = [_ENCODED.get(kv) or (kv[0].encode("latin-1"), kv[1].encode("latin-1")) for kv in r.headers.items()]
+        raw.append((b"content-length", b"%d" % len(r.body)))
+        r.encoded = raw
+    if closing:  # after SIGTERM (clients reconnect to other replicas, see app.CloseWhileShuttingDown),
+        raw = [*raw, _CLOSE]  # or a refused request whose announced body may never come
     await send({"type": "http.response.start", "status": r.status, "headers": raw})
     await send({"type": "http.response.body", "body": r.body})

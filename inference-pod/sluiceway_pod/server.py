@@ -26,10 +26,12 @@ import logging
 import os
 import signal
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry, disable_created_metrics
-from sluiceway_core.config import PodConfig
+from sluiceway_core.config import PodConfig, ServerConfig
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .app import build_admin_app, build_app
@@ -42,25 +44,37 @@ log = logging.getLogger("sluiceway.server")
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a deadline for each request's line and headers.
 
-    The timer runs from the connection (or a request's first byte) to the end of its headers; it is
-    also armed when a response completes while the client is still sending a body nobody reads (a
-    refused request). When it fires and no request is being served, the connection is closed.
+    The deadline runs from the connection (or a request's first byte) to the end of its headers; it
+    is also set when a response completes while the client is still sending a body nobody reads (a
+    refused request: the parser drops those bytes). When it passes and no request is being served,
+    the connection is closed.
+
+    Setting and clearing the deadline is an assignment, not a timer per request: one timer per
+    connection runs at a time; when it fires before a deadline that was moved later, it re-arms for
+    the new one, and when no deadline is set it stops (the next request's first byte starts one).
     """
 
     header_timeout: float = 10.0
     _header_timer: asyncio.TimerHandle | None = None
+    _header_deadline_at: float | None = None
 
     def _arm(self) -> None:
-        self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout, self._header_deadline)
+        at = self._header_deadline_at = self.loop.time() + self.header_timeout
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(at, self._header_deadline)
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._header_deadline_at = None
 
     def _header_deadline(self) -> None:
         self._header_timer = None
+        at = self._header_deadline_at
+        if at is None:
+            return  # the headers arrived; the next request's first byte sets a new deadline
+        if self.loop.time() < at:  # moved later since this timer was armed
+            self._header_timer = self.loop.call_at(at, self._header_deadline)
+            return
+        self._header_deadline_at = None
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is in service; its body has its own deadline in the app
         if not self.transport.is_closing():
@@ -86,6 +100,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         super().connection_lost(exc)
 
 
@@ -163,6 +180,25 @@ class _Server(uvicorn.Server):
             await self._admin_task
 
 
+def _common(sc: ServerConfig) -> dict[str, Any]:
+    # no access log and no proxy-headers middleware (uvicorn's default wraps every request in it;
+    # nothing here reads the client address): per-request work on the hot path
+    return {"host": sc.host, "log_level": sc.log_level, "access_log": False, "lifespan": "off", "proxy_headers": False}
+
+
+def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig) -> uvicorn.Config:
+    """The inference port's uvicorn settings (also used by ``bench.overhead`` for its bare-uvicorn floor)."""
+    return uvicorn.Config(
+        app,
+        port=sc.port,
+        http=protocol_with_header_timeout(sc.header_timeout_seconds),
+        limit_concurrency=sc.max_connections,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+        **_common(sc),
+    )
+
+
 def run(config: PodConfig) -> int:
     """Serve until drained. Returns the process exit code."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -170,18 +206,10 @@ def run(config: PodConfig) -> int:
     metrics = PodMetrics(registry, config.model.name)
     plane = DataPlane(config, metrics)
     sc = config.server
-    common = {"host": sc.host, "log_level": sc.log_level, "access_log": False, "lifespan": "off"}
-    uv = uvicorn.Config(
-        build_app(plane),
-        port=sc.port,
-        http=protocol_with_header_timeout(sc.header_timeout_seconds),
-        limit_concurrency=sc.max_connections,
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=30,
-        **common,  # type: ignore[arg-type]
-    )
+    common = _common(sc)
+    uv = build_inference_uvicorn_config(build_app(plane), sc)
     admin = _AdminServer(
-        uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)  # type: ignore[arg-type]
+        uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)
     )
     server = _Server(uv, plane, admin)
     server.run()
