@@ -491,12 +491,25 @@ async def sized_load(url: str, streams: Sequence[tuple[str, float, int, dict[str
     return out, window
 
 
+def _start_sized(server: str, log_dir: Path, cfg: Path, core: int | None, ms_per_row: float) -> ServerProc:
+    """The pod (config ``cfg``) or the plain FastAPI baseline serving the sized stand-in, ready."""
+    from .servers import _env, _spawn, free_port
+
+    if server == "sluiceway":
+        return start_pod(log_dir, config_file=cfg, core=core)
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.fairness", "--serve-baseline", str(port), "--ms-per-row", f"{ms_per_row:g}"]
+    proc, log = _spawn("fastapi-sized", argv, log_dir, core, _env())
+    srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+    srv.wait_ready()
+    return srv
+
+
 def device_time(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dict[str, Any]:
     import asyncio
     import os
 
     from .servers import SERVER_CORE as CORE
-    from .servers import ServerProc, _env, _spawn, free_port
 
     per_row = ns.ms_per_row / 1000.0
     rate = 0.6 / per_row
@@ -520,15 +533,7 @@ def device_time(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dict[st
     for server in plan:
         spent_file = run_dir / f"device-{server}.json"
         os.environ["SLUICEWAY_BENCH_DEVICE_FILE"] = str(spent_file)
-        if server == "sluiceway":
-            srv = start_pod(log_dir, config_file=cfg, core=core)
-        else:
-            port = free_port()
-            argv = [sys.executable, "-m", "bench.fairness", "--serve-baseline", str(port),
-                    "--ms-per-row", f"{ns.ms_per_row:g}"]
-            proc, log = _spawn("fastapi-sized", argv, log_dir, core, _env())
-            srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
-            srv.wait_ready()
+        srv = _start_sized(server, log_dir, cfg, core, ns.ms_per_row)
         try:
             counts, spent = asyncio.run(sized_load(srv.infer_url, streams, ns, spent_file))
         finally:
@@ -600,7 +605,6 @@ def weighted_shares(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dic
     import os
 
     from .servers import SERVER_CORE as CORE
-    from .servers import ServerProc, _env, _spawn, free_port
 
     per_row = ns.ms_per_row / 1000.0
     offered = 0.6  # of the device, per tenant
@@ -632,15 +636,7 @@ def weighted_shares(ns: argparse.Namespace, run_dir: Path, log_dir: Path) -> dic
         os.environ["SLUICEWAY_BENCH_DEVICE_FILE"] = str(spent_file)
         os.environ["SLUICEWAY_BENCH_DEVICE_LOG"] = str(device_log)
         try:
-            if server == "sluiceway":
-                srv = start_pod(log_dir, config_file=cfg, core=core)
-            else:
-                port = free_port()
-                argv = [sys.executable, "-m", "bench.fairness", "--serve-baseline", str(port),
-                        "--ms-per-row", f"{ns.ms_per_row:g}"]
-                proc, log = _spawn("fastapi-sized", argv, log_dir, core, _env())
-                srv = ServerProc("fastapi", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
-                srv.wait_ready()
+            srv = _start_sized(server, log_dir, cfg, core, ns.ms_per_row)
         finally:
             del os.environ["SLUICEWAY_BENCH_DEVICE_LOG"]
         window: list[float] = []
