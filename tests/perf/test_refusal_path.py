@@ -112,7 +112,7 @@ async def test_a_refusal_never_reads_the_body_and_answers_once(limited: Any) -> 
         h = ex.headers
         assert h[b"content-type"] == b"application/json"
         assert int(h[b"content-length"]) == len(ex.sent[1]["body"])
-        assert 1 <= int(h[b"retry-after"]) <= math.ceil(1 / 0.001)  # a token every 1000 s
+        assert int(h[b"retry-after"]) in range(1, math.ceil(1 / 0.001) + 1)  # a token every 1000 s
         assert b"connection" not in h  # kept alive: the transport drops the unread body (see fastpath)
         assert _value(registry, names.REQUESTS, code="429") == i + 1
         assert _value(registry, names.REJECTED, reason="rate_limited") == i + 1
