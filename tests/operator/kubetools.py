@@ -296,6 +296,18 @@ def operator_env(kubeconfig: Path) -> dict[str, str]:
     return env
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL; returns once the process is reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> Iterator[Path]:
     """Run ``sluiceway-operator run`` for real in a subprocess, watching ``namespace``; on exit,
@@ -310,12 +322,7 @@ def run_operator(kubeconfig: Path, log: Path, namespace: str, *extra: str) -> It
                 pytest.fail(f"operator exited: {log.read_text()[-3000:]}")
             yield log
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text or "TemporaryError" in text, text[-4000:]
     assert "Forbidden" not in text and " 403" not in text, text[-4000:]

@@ -28,6 +28,7 @@ from kubetools import (
     operator_env,
     operator_kubeconfig,
     run_operator,
+    stop_process,
     wait_for,
 )
 from operator_support import load_crd
@@ -90,13 +91,7 @@ def _operator(kubeconfig: Path, log: Path, namespace: str) -> Iterator[subproces
         try:
             yield proc
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc)
 
 
 def _isvc(name: str, ns: str = NS, **spec: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ on its way once the answer is cached."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
 from collections.abc import Iterator
@@ -131,6 +132,24 @@ async def test_a_refusal_with_expect_100_continue_closes_the_connection(limited:
     assert again.status == 429 and b"connection" not in again.headers
 
 
+@contextlib.contextmanager
+def _exceptions_in_sluiceway() -> Iterator[list[str]]:
+    """The exceptions raised in Sluiceway's own frames while the block runs, as ``function: Type``
+    (StopIteration is how a finished coroutine hands its result to the awaiting frame: not counted)."""
+    raised: list[str] = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "exception" and "sluiceway" in frame.f_code.co_filename and arg[0] is not StopIteration:
+            raised.append(f"{frame.f_code.co_name}: {arg[0].__name__}")
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        yield raised
+    finally:
+        sys.settrace(None)
+
+
 async def test_the_cached_refusal_raises_no_exception(limited: Any) -> None:
     """Once the rate-limit answer is cached, a refusal runs without raising anything (an exception
     costs an object and a traceback per request)."""
@@ -139,20 +158,9 @@ async def test_the_cached_refusal_raises_no_exception(limited: Any) -> None:
     for _ in range(2):  # the token, then the first refusal (builds the cached answer)
         ex = Exchange()
         await app(_scope(), ex.receive, ex.send)
-    raised: list[str] = []
-
-    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        # (StopIteration is how a finished coroutine hands its result to the awaiting frame)
-        if event == "exception" and "sluiceway" in frame.f_code.co_filename and arg[0] is not StopIteration:
-            raised.append(f"{frame.f_code.co_name}: {arg[0].__name__}")
-        return tracer
-
     ex = Exchange(allow_body=False)
-    sys.settrace(tracer)
-    try:
+    with _exceptions_in_sluiceway() as raised:
         await app(_scope(), ex.receive, ex.send)
-    finally:
-        sys.settrace(None)
     assert ex.status == 429
     assert raised == [], raised
     again = plane.admit_headers("demo", {})  # the same answer object: built once, reused
@@ -218,20 +226,12 @@ async def test_the_full_queue_refusal_is_cached_per_depth_and_raises_nothing() -
         await asyncio.sleep(0.2)
         assert plane.core is not None and plane.core.depth == 1
         raised: list[str] = []
-
-        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "exception" and "sluiceway" in frame.f_code.co_filename and arg[0] is not StopIteration:
-                raised.append(f"{frame.f_code.co_name}: {arg[0].__name__}")
-            return tracer
-
         for i in range(2):
             ex = Exchange(allow_body=False)
-            if i == 1:
-                sys.settrace(tracer)
-            try:
+            with _exceptions_in_sluiceway() as seen:
                 await app(_scope(), ex.receive, ex.send)
-            finally:
-                sys.settrace(None)
+            if i == 1:  # the first refusal builds the cached answer; the second is served from it
+                raised = seen
             assert ex.status == 429
             assert orjson.loads(ex.sent[1]["body"]) == {"error": "queue full (1 waiting)", "reason": "queue_full"}
             assert int(ex.headers[b"retry-after"]) >= 1

@@ -25,7 +25,7 @@ from sluiceway_sandbox.layout import KEDA_OPERATOR_IMAGE, layout_for
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from kubetools import ADMIN_TOKEN, ControlPlane, control_plane, write_kubeconfig  # noqa: E402
+from kubetools import ADMIN_TOKEN, ControlPlane, control_plane, stop_process, write_kubeconfig  # noqa: E402
 from netports import free_port as _free_port  # noqa: E402
 
 __all__ = ["control_plane"]
@@ -168,11 +168,6 @@ def test_keda_operator_runs_under_its_own_rbac(control_plane: ControlPlane, tmp_
                 pytest.raises(ssl.SSLCertVerificationError):
             ctx.wrap_socket(raw, server_hostname="somebody-else.example")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     text = log.read_text(errors="replace")
     assert "forbidden" not in text.lower(), [ln for ln in text.splitlines() if "orbidden" in ln][:5]
