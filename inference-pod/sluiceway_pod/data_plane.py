@@ -402,7 +402,9 @@ class DataPlane:
             core.precheck(tenant, rank, priority, check_rate=False)  # counts its own refusals
         except SluicewayError as e:
             return self._refused(e, tenant, priority, counted=True)
-        wait = self.tenants.take_token(tenant)  # the core's own rate check, without raising
+        # The core's rate check (AdmissionCore.precheck with check_rate=True), done here without
+        # raising so that the 429 comes from the cache: the two must stay in step.
+        wait = self.tenants.take_token(tenant)
         if wait > 0:
             return self._rate_limited(tenant, priority, wait)
         if not self.config.degradation.enabled and not core.has_room(rank, tenant):  # no room, nobody to displace
