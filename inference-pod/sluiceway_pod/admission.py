@@ -183,6 +183,11 @@ class _ServiceEstimate:
         self.value = seconds if self.samples == 1 else self.alpha * seconds + (1 - self.alpha) * self.value
 
 
+def rate_limited(tenant: Tenant, wait: float) -> RateLimited:
+    """The refusal of a tenant over its request rate (``Retry-After``: ``wait`` seconds)."""
+    return RateLimited(f"tenant {tenant.name!r} is over its request rate", retry_after=wait)
+
+
 class AdmissionCore(Generic[P]):
     def __init__(
         self,
@@ -331,13 +336,15 @@ class AdmissionCore(Generic[P]):
                 priority_label,
             )
         if check_rate:
-            wait = self._take_token(tenant)
+            wait = self.rate_wait(tenant)
             if wait > 0:
-                raise self._reject(
-                    RateLimited(f"tenant {tenant.name!r} is over its request rate", retry_after=wait),
-                    tenant,
-                    priority_label,
-                )
+                raise self._reject(rate_limited(tenant, wait), tenant, priority_label)
+
+    def rate_wait(self, tenant: Tenant) -> float:
+        """The tenant's token bucket: takes a token and returns 0.0, or returns the seconds until
+        the next one (nothing taken). The one rate check: :meth:`precheck` raises on it, the data
+        plane answers it from its cache of refusals without raising."""
+        return self._take_token(tenant)
 
     def admit(
         self,
