@@ -13,6 +13,9 @@ The infer request itself (``POST /v2/models/{name}[/versions/{v}]/infer``) never
 :class:`~sluiceway_pod.fastpath.InferFastPath` answers it on raw ASGI (its order of work: the
 declared ``Content-Length`` (413), then everything the headers decide, then the body within
 ``server.bodyTimeoutSeconds`` (408)); every other request goes on to the FastAPI app built here.
+Served by the pod, an infer request refused on its headers does not reach ASGI either: the transport
+(:class:`~sluiceway_pod.transport.InferenceProtocol`) asks the fast path for the decision when the
+headers are complete and writes the refusal itself.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class CloseWhileShuttingDown:
         await self.app(scope, receive, send_closing)
 
 
-def build_app(plane: DataPlane) -> ASGIApp:
+def build_app(plane: DataPlane) -> InferFastPath:
     """The inference port: health, server and model metadata, infer."""
     app = FastAPI(title="sluiceway-pod", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     _add_probes(app, plane)

@@ -35,7 +35,7 @@ import orjson
 from sluiceway_core.config import PodConfig
 
 from .adaptive import AdaptiveLimit, build_adaptive
-from .admission import AdmissionCore, AdmissionSettings
+from .admission import AdmissionCore, AdmissionSettings, rate_limited
 from .clock import Clock, MonotonicClock
 from .degradation import FallbackSlots, ResponseCache
 from .dispatcher import Dispatcher
@@ -50,7 +50,6 @@ from .errors import (
     Overloaded,
     PayloadTooLarge,
     QueueFull,
-    RateLimited,
     SluicewayError,
     http_status,
     new_error_id,
@@ -86,6 +85,9 @@ class Response:
     #: the headers as the transport sends them (with ``content-length``), filled in by the
     #: transport on first send: an answer reused for many requests (a cached refusal) is encoded once
     encoded: list[tuple[bytes, bytes]] | None = field(default=None, repr=False, compare=False)
+    #: the same, as the bytes after the status line (headers, ``content-length``, blank line, body),
+    #: filled in by :class:`~sluiceway_pod.transport.InferenceProtocol` when it answers on the headers
+    wire: bytes | None = field(default=None, repr=False, compare=False)
 
 
 #: Bodies above this size are decoded in a worker thread (the loop keeps serving probes meanwhile).
@@ -358,7 +360,7 @@ class DataPlane:
     def _rate_limited(self, tenant: Tenant, priority: str, wait: float) -> Response:
         return self._cached_refusal(
             ("rate_limited", tenant.name, priority, max(1, math.ceil(wait))),
-            lambda: RateLimited(f"tenant {tenant.name!r} is over its request rate", retry_after=wait),
+            lambda: rate_limited(tenant, wait),
             tenant,
             priority,
         )
@@ -402,9 +404,8 @@ class DataPlane:
             core.precheck(tenant, rank, priority, check_rate=False)  # counts its own refusals
         except SluicewayError as e:
             return self._refused(e, tenant, priority, counted=True)
-        # The core's rate check (AdmissionCore.precheck with check_rate=True), done here without
-        # raising so that the 429 comes from the cache: the two must stay in step.
-        wait = self.tenants.take_token(tenant)
+        # the core's one rate check, without raising, so that the 429 comes from the cache
+        wait = core.rate_wait(tenant)
         if wait > 0:
             return self._rate_limited(tenant, priority, wait)
         if not self.config.degradation.enabled and not core.has_room(rank, tenant):  # no room, nobody to displace

@@ -14,7 +14,7 @@ The order of work: the declared
 
 A refusal never awaits the body. The connection stays open: uvicorn's parser (httptools) still
 frames the request by its ``Content-Length`` or chunks and drops the unread bytes once the answer is
-complete (:class:`~sluiceway_pod.server.HeaderDeadlineProtocol` bounds how long that may take), so
+complete (:class:`~sluiceway_pod.transport.HeaderDeadlineProtocol` bounds how long that may take), so
 they cannot be read as the next request. The one exception is a request that announced
 ``Expect: 100-continue``: no ``100 Continue`` was sent, so the client may never send the body its
 headers announced, and the next request would be parsed as that body; such a refusal carries
@@ -51,6 +51,11 @@ def infer_model_name(path: str) -> str | None:
     return None
 
 
+#: The ASGI scope extension in which the transport hands on what it decided on the headers of an
+#: admitted infer request: ``{"admitted": Admitted, "headers": headers}``, the headers as a ``str``
+#: dict with lower-case names.
+ADMITTED_EXTENSION = "sluiceway.admitted"
+
 _NOT_ALLOWED = {"content-type": "application/json", "allow": "POST"}
 
 #: Encoded header pairs of the answers the fast path sends most (every refusal, every JSON answer).
@@ -76,10 +81,15 @@ class InferFastPath:
             if name is not None:
                 closing = self.plane.shutting_down
                 if scope["method"] == "POST":
-                    # ASGI header names are lower-case bytes; a repeated header keeps its last
-                    # value, as the dict the FastAPI route builds does
-                    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                    decided = self._before_body(name, headers)
+                    extensions = scope.get("extensions")
+                    early = extensions.get(ADMITTED_EXTENSION) if extensions else None
+                    if early is not None:  # the transport decided on the headers (it answers refusals)
+                        decided, headers = early["admitted"], early["headers"]
+                    else:
+                        # ASGI header names are lower-case bytes; a repeated header keeps its last
+                        # value, as the dict the FastAPI route builds does
+                        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+                        decided = self._before_body(name, headers)
                     if isinstance(decided, Admitted):
                         r = await self._infer(decided, headers, receive)
                     else:
@@ -91,6 +101,14 @@ class InferFastPath:
                 await _send(send, r, closing)
                 return
         await self.app(scope, receive, send)
+
+    def before_body(self, path: str, headers: dict[str, str]) -> Admitted | Response | None:
+        """What the headers of a POST to ``path`` decide (:meth:`_before_body`), or ``None`` when
+        ``path`` is not an infer path. :class:`~sluiceway_pod.transport.InferenceProtocol` calls this
+        when a request's headers are complete, writes a refusal itself, and passes an admission on
+        in the scope (:data:`ADMITTED_EXTENSION`)."""
+        name = infer_model_name(path)
+        return None if name is None else self._before_body(name, headers)
 
     def _before_body(self, name: str, headers: dict[str, str]) -> Admitted | Response:
         """What is decided before the body is read: a 413 on the declared length, a refusal on

@@ -9,7 +9,8 @@ Transport bounds (issue 10, item 7): at most ``server.maxConnections`` open conn
 inference port (uvicorn's ``limit_concurrency``: 503 beyond it; the admin port is not counted); the
 request line and headers must arrive within ``server.headerTimeoutSeconds`` of the request's first
 byte (or of the connection) and the body within ``server.bodyTimeoutSeconds`` (408), else the
-connection is closed, so slowloris clients cannot pin connections.
+connection is closed, so slowloris clients cannot pin connections. The protocol
+(:mod:`sluiceway_pod.transport`) also answers infer requests refused on their headers itself.
 
 Drain: the first SIGTERM/SIGINT turns readiness off; admission stays open ``server.drainDelaySeconds``
 (the endpoints are being removed meanwhile; the operator may render a preStop sleep instead), then
@@ -32,82 +33,14 @@ import uvicorn
 from prometheus_client import CollectorRegistry, disable_created_metrics
 from sluiceway_core.config import PodConfig, ServerConfig
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .app import build_admin_app, build_app
 from .data_plane import DataPlane
+from .fastpath import InferFastPath
 from .metrics import PodMetrics
+from .transport import inference_protocol
 
 log = logging.getLogger("sluiceway.server")
-
-
-class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol plus a deadline for each request's line and headers.
-
-    The deadline runs from the connection (or a request's first byte) to the end of its headers; it
-    is also set when a response completes while the client is still sending a body nobody reads (a
-    refused request: the parser drops those bytes). When it passes and no request is being served,
-    the connection is closed.
-
-    Setting and clearing the deadline is an assignment, not a timer per request: one timer per
-    connection runs at a time; when it fires before a deadline that was moved later, it re-arms for
-    the new one, and when no deadline is set it stops (the next request's first byte starts one).
-    """
-
-    header_timeout: float = 10.0
-    _header_timer: asyncio.TimerHandle | None = None
-    _header_deadline_at: float | None = None
-
-    def _arm(self) -> None:
-        at = self._header_deadline_at = self.loop.time() + self.header_timeout
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_at(at, self._header_deadline)
-
-    def _disarm(self) -> None:
-        self._header_deadline_at = None
-
-    def _header_deadline(self) -> None:
-        self._header_timer = None
-        at = self._header_deadline_at
-        if at is None:
-            return  # the headers arrived; the next request's first byte sets a new deadline
-        if self.loop.time() < at:  # moved later since this timer was armed
-            self._header_timer = self.loop.call_at(at, self._header_deadline)
-            return
-        self._header_deadline_at = None
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is in service; its body has its own deadline in the app
-        if not self.transport.is_closing():
-            log.debug("closing a connection whose request headers did not arrive in %.1fs", self.header_timeout)
-            self.transport.close()
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._arm()
-
-    def on_headers_complete(self) -> None:
-        self._disarm()
-        super().on_headers_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
-            self._arm()  # the rest of an unread body: bounded too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-        super().connection_lost(exc)
-
-
-def protocol_with_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]:
-    return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout": seconds})
 
 
 class _AdminServer(uvicorn.Server):
@@ -186,12 +119,16 @@ def _common(sc: ServerConfig) -> dict[str, Any]:
     return {"host": sc.host, "log_level": sc.log_level, "access_log": False, "lifespan": "off", "proxy_headers": False}
 
 
-def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig) -> uvicorn.Config:
-    """The inference port's uvicorn settings (also used by ``bench.overhead`` for its bare-uvicorn floor)."""
+def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig, plane: DataPlane | None = None) -> uvicorn.Config:
+    """The inference port's uvicorn settings (also used by ``bench.overhead`` for its bare-uvicorn
+    floors). With ``plane`` (and ``app`` an :class:`InferFastPath`), infer requests refused on their
+    headers are answered by the protocol itself (:mod:`sluiceway_pod.transport`)."""
+    decide = app.before_body if isinstance(app, InferFastPath) else None
+    closing = (lambda: plane.shutting_down) if plane is not None else None
     return uvicorn.Config(
         app,
         port=sc.port,
-        http=protocol_with_header_timeout(sc.header_timeout_seconds),
+        http=inference_protocol(sc.header_timeout_seconds, decide, closing),
         limit_concurrency=sc.max_connections,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
@@ -207,7 +144,7 @@ def run(config: PodConfig) -> int:
     plane = DataPlane(config, metrics)
     sc = config.server
     common = _common(sc)
-    uv = build_inference_uvicorn_config(build_app(plane), sc)
+    uv = build_inference_uvicorn_config(build_app(plane), sc, plane)
     admin = _AdminServer(
         uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)
     )
