@@ -14,9 +14,12 @@ For the pod it also measures, on the same pod type:
 * ``429`` (:func:`refusal_points`; alone with ``--refusal-only``): on one pod process with two
   tenants, ``free`` (no limit) and ``limited`` (one token, then 429), the same small OIP JSON body
   accepted and refused, and the same refusal bytes from a bare ASGI app served by the pod's own
-  uvicorn settings (``floor``, :func:`serve_floor`): CPU per request under wrk (c=32) and open loop
+  uvicorn settings (``floor``, :func:`serve_floor`) and from a bare asyncio protocol with no uvicorn
+  (``floor_raw``, :func:`serve_raw_floor`): CPU per request under wrk (c=32) and open loop
   (Poisson at ``--rate``, :mod:`bench.loadgen`, CPU read from ``/proc`` at the window's edges),
-  alternating order per repetition; then a 100k JSON body accepted and refused.
+  alternating order per repetition; per repetition also ``mixed`` (:func:`marginal_refusal`):
+  accepted traffic alone, then with refusals on top (``--mixed ACCEPTED,REFUSED`` rates), the
+  refusals' marginal CPU against the accepted request's; then a 100k JSON body accepted and refused.
 
 The no-op points repeat ``--reps`` times (3) in alternating order (ABC, CBA, ...); the table shows
 the median of each figure and the ratios are medians of the per-repetition ratios (the machine is
@@ -198,11 +201,64 @@ def serve_floor(port: int) -> int:
     return 0
 
 
-def start_floor(log_dir: Path) -> ServerProc:
+def _wire_answer(status_line: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+    return status_line + b"".join(b"%s: %s\r\n" % kv for kv in headers) + b"\r\n" + body
+
+
+def serve_raw_floor(port: int) -> int:
+    """``--raw-floor-server PORT``: no uvicorn and no ASGI, the least a Python server can do per
+    request: an ``asyncio.Protocol`` on uvloop (as the pod runs) that parses with httptools (as the
+    pod's uvicorn does) and writes the pod's refusal bytes when a request's headers are complete,
+    leaving the body to the parser. What the event loop and the kernel cost per request."""
+    import asyncio
+    from email.utils import formatdate
+
+    import httptools
+    import uvloop
+
+    # the header names uvicorn puts on the pod's answers (the date is fixed at start: a floor)
+    defaults = [(b"date", formatdate(usegmt=True).encode()), (b"server", b"uvicorn")]
+    refusal = _wire_answer(b"HTTP/1.1 429 Too Many Requests\r\n", defaults + FLOOR_HEADERS, FLOOR_BODY)
+    ready = _wire_answer(b"HTTP/1.1 200 OK\r\n", _READY_HEADERS, b'{"ready":true}')
+
+    class Raw(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+            self.url = b""
+
+        def data_received(self, data: bytes) -> None:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.transport.close()
+
+        def on_message_begin(self) -> None:
+            self.url = b""
+
+        def on_url(self, url: bytes) -> None:
+            self.url += url
+
+        def on_headers_complete(self) -> None:
+            self.transport.write(ready if self.url == b"/v2/health/ready" else refusal)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Raw, "127.0.0.1", port, backlog=2048)
+        async with server:
+            await server.serve_forever()
+
+    uvloop.run(main())
+    return 0
+
+
+def start_floor(log_dir: Path, *, raw: bool = False) -> ServerProc:
+    """The floor servers: the bare ASGI app through the pod's uvicorn settings, or (``raw``) the
+    bare protocol (:func:`serve_raw_floor`)."""
     port = free_port()
-    argv = [sys.executable, "-m", "bench.overhead", "--floor-server", str(port)]
-    proc, log = _spawn("floor429", argv, log_dir, SERVER_CORE, _env())
-    srv = ServerProc("floor429", proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
+    name = "floor429raw" if raw else "floor429"
+    argv = [sys.executable, "-m", "bench.overhead", "--raw-floor-server" if raw else "--floor-server", str(port)]
+    proc, log = _spawn(name, argv, log_dir, SERVER_CORE, _env())
+    srv = ServerProc(name, proc, port, "/v2/models/demo/infer", "/v2/health/ready", log)
     srv.wait_ready()
     return srv
 
@@ -223,6 +279,12 @@ def tenant_pod_config(tmp: Path) -> Path:
 def open_loop_cpu(srv: ServerProc, auth: str | None, rate: float, seconds: float) -> dict[str, Any]:
     """Server CPU per request at a fixed offered rate (Poisson, open loop, :mod:`bench.loadgen`),
     read from ``/proc`` at the edges of the measured window; the generator runs on the client core."""
+    return open_loop_streams(srv, {"s": (auth, rate)}, seconds)
+
+
+def open_loop_streams(srv: ServerProc, streams: dict[str, tuple[str | None, float]], seconds: float) -> dict[str, Any]:
+    """:func:`open_loop_cpu` for several merged Poisson streams (name: ``(Authorization, rate)``);
+    answers are counted per stream too (``by_stream``)."""
     from .loadgen import Stream, run_open_loop, run_sync
 
     stats: dict[str, dict[str, float]] = {}
@@ -232,11 +294,12 @@ def open_loop_cpu(srv: ServerProc, auth: str | None, rate: float, seconds: float
         return stats[name]
 
     warm = 1.0
-    stream = Stream("s", rate, headers={"Authorization": auth} if auth else {}, timeout_s=5.0)
+    plan = [Stream(n, rate, headers={"Authorization": auth} if auth else {}, timeout_s=5.0)
+            for n, (auth, rate) in streams.items()]
     probes = {"c0": (warm, lambda: edge("c0")), "c1": (warm + seconds, lambda: edge("c1"))}
     pinned = pinning_possible() and pin_self(CLIENT_CORE)
     try:
-        res = run_sync(run_open_loop(srv.infer_url, [stream], duration=seconds, warmup=warm, body=small_body(),
+        res = run_sync(run_open_loop(srv.infer_url, plan, duration=seconds, warmup=warm, body=small_body(),
                                      probes=probes))
     finally:
         if pinned:
@@ -245,26 +308,50 @@ def open_loop_cpu(srv: ServerProc, auth: str | None, rate: float, seconds: float
     answered = [r for r in window if r.status > 0]
     cpu = stats["c1"]["cpu_s"] - stats["c0"]["cpu_s"] if "c0" in stats and "c1" in stats else float("nan")
     codes: dict[str, int] = {}
+    by_stream: dict[str, dict[str, int]] = {n: {} for n in streams}
     for r in answered:
         codes[str(r.status)] = codes.get(str(r.status), 0) + 1
-    return {"requests": len(answered), "codes": codes, "cpu_s": cpu,
+        by_stream[r.stream][str(r.status)] = by_stream[r.stream].get(str(r.status), 0) + 1
+    return {"requests": len(answered), "codes": codes, "by_stream": by_stream, "cpu_s": cpu,
             "cpu_us_per_req": cpu / len(answered) * 1e6 if answered else None, "lag_share": res.lag_share}
 
 
+def marginal_refusal(pod: ServerProc, free: str, limited: str, accepted_rate: float, refused_rate: float,
+                     seconds: float) -> dict[str, Any]:
+    """A refusal's CPU while the pod is serving: accepted traffic alone at ``accepted_rate`` (open
+    loop), then the same plus refused traffic at ``refused_rate``; the refusals' cost is the CPU
+    the second window used beyond the first, per refused answer. The accepted request's cost is the
+    first window's CPU per answer. This is the case refusals exist for (an overloaded service turning
+    excess away while it serves), with the loop busy rather than waking for each request."""
+    base = open_loop_streams(pod, {"accepted": (free, accepted_rate)}, seconds)
+    mixed = open_loop_streams(pod, {"accepted": (free, accepted_rate), "refused": (limited, refused_rate)}, seconds)
+    n_acc = base["by_stream"]["accepted"].get("200", 0)
+    n_ref = mixed["by_stream"]["refused"].get("429", 0)
+    acc_us = base["cpu_s"] / n_acc * 1e6 if n_acc else None
+    # the accepted stream's share of the second window, scaled by the answers it got there
+    n_acc2 = mixed["by_stream"]["accepted"].get("200", 0)
+    extra = mixed["cpu_s"] - (base["cpu_s"] * n_acc2 / n_acc if n_acc else float("nan"))
+    ref_us = extra / n_ref * 1e6 if n_ref else None
+    return {"base": base, "mixed": mixed, "accepted_cpu_us_per_req": acc_us, "refused_marginal_cpu_us_per_req": ref_us,
+            "ratio": ref_us / acc_us if acc_us and ref_us else None}
+
+
 def refusal_points(tmp: Path, log_dir: Path, d: float, conns: int, reps: int, rate: float,
-                   n_big: int) -> dict[str, Any]:
+                   n_big: int, mixed_rates: tuple[float, float] = (600.0, 1200.0)) -> dict[str, Any]:
     """Per repetition, on one pod process and the floor server, in alternating order: the same small
     OIP JSON body accepted (tenant ``free``), refused 429 (tenant ``limited``) and refused by the
     bare-uvicorn floor, under wrk (closed loop, c=``conns``) and at ``rate``/s open loop; then the
     100k JSON body accepted and refused."""
     pod = start_pod(log_dir, config_file=tenant_pod_config(tmp))
     floor = start_floor(log_dir)
+    raw = start_floor(log_dir, raw=True)
     free, limited = f"Bearer {FREE_KEY}", f"Bearer {LIMITED_KEY}"
     out: dict[str, Any] = {"reps": []}
     try:
         # the limited tenant's one token goes here, outside any measurement
         wrk(pod.infer_url, small_body(), 1, 0.5, tmp, auth=limited)
-        points = [("accepted", pod, free), ("refused", pod, limited), ("floor", floor, None)]
+        points = [("accepted", pod, free), ("refused", pod, limited), ("floor", floor, None),
+                  ("floor_raw", raw, None)]
         for rep in range(reps):
             order = points if rep % 2 == 0 else list(reversed(points))
             got: dict[str, Any] = {}
@@ -277,6 +364,11 @@ def refusal_points(tmp: Path, log_dir: Path, d: float, conns: int, reps: int, ra
                       f"non-2xx {r['non_2xx']}/{r['requests']}; open loop {rate:g}/s: "
                       f"cpu {r['open_loop']['cpu_us_per_req'] or 0:.1f} us/req, codes {r['open_loop']['codes']}",
                       flush=True)
+            m = got["mixed"] = marginal_refusal(pod, free, limited, mixed_rates[0], mixed_rates[1], d)
+            print(f"  rep {rep + 1} mixed: accepted {mixed_rates[0]:g}/s alone {m['accepted_cpu_us_per_req'] or 0:.1f} "
+                  f"us/req {m['base']['by_stream']}; + refused {mixed_rates[1]:g}/s: "
+                  f"{m['refused_marginal_cpu_us_per_req'] or 0:.1f} us per refusal {m['mixed']['by_stream']}; "
+                  f"client lag share {m['mixed']['lag_share']:.1%}", flush=True)
             out["reps"].append(got)
         bj = big_json(n_big)
         out["accepted_big"] = {k: v for k, v in measure(pod, bj, 4, d, tmp, auth=free).items() if k != "raw"}
@@ -284,6 +376,7 @@ def refusal_points(tmp: Path, log_dir: Path, d: float, conns: int, reps: int, ra
     finally:
         pod.stop()
         floor.stop()
+        raw.stop()
     return out
 
 
@@ -300,10 +393,16 @@ def refusal_ratios(ref: dict[str, Any]) -> dict[str, float | None]:
     out = {
         "429 cpu / accepted cpu (small body, one pod, wrk)": ratio("refused", "accepted", False),
         "floor 429 cpu / accepted cpu (bare uvicorn, wrk)": ratio("floor", "accepted", False),
+        "raw floor 429 cpu / accepted cpu (asyncio + httptools, wrk)": ratio("floor_raw", "accepted", False),
         "429 cpu / floor 429 cpu (wrk)": ratio("refused", "floor", False),
+        "429 cpu / raw floor 429 cpu (wrk)": ratio("refused", "floor_raw", False),
         "429 cpu / accepted cpu (small body, one pod, open loop)": ratio("refused", "accepted", True),
         "floor 429 cpu / accepted cpu (bare uvicorn, open loop)": ratio("floor", "accepted", True),
+        "raw floor 429 cpu / accepted cpu (asyncio + httptools, open loop)": ratio("floor_raw", "accepted", True),
+        "429 cpu / raw floor 429 cpu (open loop)": ratio("refused", "floor_raw", True),
     }
+    out["429 marginal cpu / accepted cpu (open loop, refusals on top of accepted traffic)"] = _median(
+        [rp["mixed"]["ratio"] for rp in ref["reps"] if "mixed" in rp and rp["mixed"]["ratio"]])
     acc, ref_big = ref["accepted_big"]["cpu_us_per_req"], ref["refused_big"]["cpu_us_per_req"]
     out["429 cpu / accepted cpu (100k JSON body)"] = ref_big / acc if acc and ref_big else None
     return out
@@ -356,20 +455,20 @@ def plot_refusal(doc: dict[str, Any], path: Path) -> Path | None:
     except ImportError:
         return None
     ref = doc["refusal"]
-    names = ["accepted", "refused", "floor"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    names = [n for n in ("accepted", "refused", "floor", "floor_raw") if n in ref["reps"][0]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     panels = ((axes[0], None, f"wrk, c={doc['args']['connections']}"),
               (axes[1], "open_loop", f"open loop {doc['args']['rate']:g}/s"))
     for ax, sub, title in panels:
         vals = [_median([(rp[n][sub] if sub else rp[n])["cpu_us_per_req"] for rp in ref["reps"]]) or 0 for n in names]
-        bars = ax.bar(names, vals, color=["tab:blue", "tab:red", "tab:gray"])
+        bars = ax.bar(names, vals, color=["tab:blue", "tab:red", "tab:gray", "silver"][: len(names)])
         ax.bar_label(bars, labels=[f"{v:.0f}" for v in vals])
         ax.axhline(vals[0] / 10, color="k", ls="--", lw=1, label="accepted / 10")
         ax.set_title(f"server CPU µs per request, {title}")
         ax.legend(loc="upper right")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"429 vs accepted, one pod; floor = bare uvicorn ({doc['meta']['started']}, "
-                 f"load avg {doc['meta']['load_average_start']})")
+    fig.suptitle("429 vs accepted, one pod; floor = bare uvicorn, floor_raw = bare asyncio\n"
+                 f"({doc['meta']['started']}, load avg {doc['meta']['load_average_start']})")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -494,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["--floor-server"]:
         return serve_floor(int(argv[1]))
+    if argv[:1] == ["--raw-floor-server"]:
+        return serve_raw_floor(int(argv[1]))
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--connections", type=int, default=32)
@@ -503,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refusal-only", action="store_true",
                    help="only the 429 section (accepted vs refused on one pod, and the bare-uvicorn floor)")
     p.add_argument("--rate", type=float, default=500.0, help="offered rate of the open-loop 429 points (1/s)")
+    p.add_argument("--mixed", default="600,1200", metavar="ACCEPTED,REFUSED",
+                   help="rates (1/s) of the 429 section's mixed point: accepted alone, then refusals on top")
     p.add_argument("--reps", type=int, default=3, help="no-op repetitions, order alternating; ratios are medians")
     p.add_argument("--in-process", type=int, metavar="N", default=0,
                    help="instead: N no-op calls per point through the ASGI apps in-process (no HTTP, no wrk)")
@@ -558,9 +661,11 @@ def main(argv: list[str] | None = None) -> int:
             for v in doc["pod"].values():
                 v.pop("raw", None)
         if ns.refusal_only or ("sluiceway" in servers and not ns.skip_pod_extras):
-            print(f"# 429 section: one pod (tenants free / limited) and the bare-uvicorn floor; wrk c={c}, "
-                  f"open loop {ns.rate:g}/s; load average {load_average()}", flush=True)
-            doc["refusal"] = refusal_points(tmp, log_dir, d, c, ns.reps, ns.rate, ns.elements)
+            print(f"# 429 section: one pod (tenants free / limited), the bare-uvicorn and bare-asyncio floors; "
+                  f"wrk c={c}, open loop {ns.rate:g}/s; load average {load_average()}", flush=True)
+            mixed = tuple(float(x) for x in ns.mixed.split(","))
+            doc["refusal"] = refusal_points(tmp, log_dir, d, c, ns.reps, ns.rate, ns.elements,
+                                            (mixed[0], mixed[1]))
     meta["load_average_end"] = load_average()
     rows = [[n, f"{v['rps']:.0f}", f"{v['p50_ms']}", f"{v['p99_ms']}", f"{v['c1_p50_ms']}",
              f"{v['cpu_us_per_req'] or 0:.0f}", f"{v['runq_share']:.0%}", str(v["non_2xx"])]
@@ -588,9 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     ref = doc.get("refusal")
     if ref:
         print(f"\n## 429: small OIP JSON body; accepted / refused on one pod, floor = bare ASGI 429 through the "
-              f"same uvicorn; median of {ns.reps} repetition(s)")
+              f"same uvicorn, floor_raw = bare asyncio protocol + httptools; median of {ns.reps} repetition(s)")
         rrow = []
-        for name in ("accepted", "refused", "floor"):
+        for name in ("accepted", "refused", "floor", "floor_raw"):
             def med(key: str, sub: str | None = None, name: str = name) -> Any:
                 return _median([(rp[name][sub] if sub else rp[name])[key] for rp in ref["reps"]])
             rrow.append([name, f"{med('rps'):.0f}", f"{med('cpu_us_per_req'):.1f}", f"{med('runq_share'):.0%}",

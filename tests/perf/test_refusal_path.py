@@ -180,9 +180,11 @@ def test_the_floor_sends_the_pods_refusal_bytes() -> None:
     assert doc == {"error": "tenant 'limited' is over its request rate", "reason": "rate_limited"}
 
 
-def test_the_floor_sends_the_same_answer_as_the_pod_over_http(tmp_path: Any) -> None:
-    """The 429 benchmark's peer (bare ASGI 429 through the pod's uvicorn settings) puts the same
-    status, body and header names on the wire as the pod's own rate-limit refusal."""
+@pytest.mark.parametrize("raw", [False, True], ids=["uvicorn-floor", "raw-floor"])
+def test_the_floor_sends_the_same_answer_as_the_pod_over_http(tmp_path: Any, raw: bool) -> None:
+    """The 429 benchmark's peers (bare ASGI 429 through the pod's uvicorn settings; a bare asyncio
+    protocol) put the same status, body and header names on the wire as the pod's own rate-limit
+    refusal."""
     import httpx
 
     from bench.overhead import LIMITED_KEY, start_floor, tenant_pod_config
@@ -190,7 +192,7 @@ def test_the_floor_sends_the_same_answer_as_the_pod_over_http(tmp_path: Any) -> 
 
     pod = start_pod(tmp_path / "logs", config_file=tenant_pod_config(tmp_path), core=None)
     try:
-        floor = start_floor(tmp_path / "logs")
+        floor = start_floor(tmp_path / "logs", raw=raw)
         try:
             with httpx.Client(timeout=10) as c:
                 auth = {"Authorization": f"Bearer {LIMITED_KEY}"}
@@ -247,3 +249,27 @@ async def test_the_full_queue_refusal_is_cached_per_depth_and_raises_nothing() -
         for t in tasks:
             t.cancel()
         await plane.stop()
+
+
+def test_the_mixed_point_refuses_only_the_limited_stream_and_prices_it(tmp_path: Any) -> None:
+    """``bench.overhead``'s mixed point: accepted traffic alone, then with refusals on top, on one
+    pod. Every accepted-stream request gets 200 and every refused-stream request 429, so the extra
+    CPU of the second window is the refusals' own."""
+    from bench.overhead import FREE_KEY, LIMITED_KEY, marginal_refusal, small_body, tenant_pod_config
+    from bench.servers import start_pod
+
+    pod = start_pod(tmp_path / "logs", config_file=tenant_pod_config(tmp_path), core=None)
+    try:
+        import httpx
+
+        with httpx.Client(timeout=10) as c:  # the limited tenant's one token
+            auth = {"Authorization": f"Bearer {LIMITED_KEY}"}
+            assert c.post(pod.infer_url, content=small_body(), headers=auth).status_code == 200
+        m = marginal_refusal(pod, f"Bearer {FREE_KEY}", f"Bearer {LIMITED_KEY}", 40.0, 80.0, 1.5)
+    finally:
+        pod.stop()
+    assert set(m["base"]["by_stream"]["accepted"]) == {"200"}
+    assert set(m["mixed"]["by_stream"]["accepted"]) == {"200"}
+    assert set(m["mixed"]["by_stream"]["refused"]) == {"429"}
+    assert m["mixed"]["by_stream"]["refused"]["429"] > 60  # about 80/s for 1.5 s
+    assert m["accepted_cpu_us_per_req"] > 0 and m["refused_marginal_cpu_us_per_req"] is not None
