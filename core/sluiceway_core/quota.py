@@ -174,6 +174,11 @@ class LeaseGrant:
     lease_seconds: float
     replicas: int
     shares: Mapping[str, TenantShare]
+    #: False while a tenant's share here is held back by other pods' unexpired leases: below half
+    #: its fair target rate, or no concurrency slot where its target has one (a pod that just joined,
+    #: before the others have renewed). A pod that is not serving yet waits for a settled grant
+    #: before it reports ready. Absent from a grant: true.
+    settled: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -182,6 +187,7 @@ class LeaseGrant:
             "leaseSeconds": self.lease_seconds,
             "replicas": self.replicas,
             "shares": {t: s.to_json() for t, s in self.shares.items()},
+            "settled": self.settled,
         }
 
     @classmethod
@@ -192,12 +198,16 @@ class LeaseGrant:
         if lease is None or replicas is None:
             raise QuotaError("leaseSeconds and replicas are required")
         shares = _obj(d.get("shares", {}), "shares")
+        settled = d.get("settled", True)
+        if not isinstance(settled, bool):
+            raise QuotaError("settled must be true or false")
         return cls(
             _name(d.get("service"), "service"),
             _name(d.get("pod"), "pod"),
             lease,
             replicas,
             {_name(t, "tenant"): TenantShare.from_json(s) for t, s in shares.items()},
+            settled,
         )
 
 
@@ -288,6 +298,7 @@ class _PodLease:
     demand: Mapping[str, TenantDemand]
     expires: float
     rate: dict[str, float] = field(default_factory=dict)  # outstanding grants per tenant
+    burst: dict[str, int] = field(default_factory=dict)
     slots: dict[str, int] = field(default_factory=dict)
 
 
@@ -335,6 +346,7 @@ class Allocator:
         mine.demand, mine.expires = req.demand, now + self.lease_seconds
         others = [lease for name, lease in pods.items() if name != req.pod]
         shares: dict[str, TenantShare] = {}
+        settled = True
         for tenant, q in req.quotas.items():
             rate: float | None = None
             burst: int | None = None
@@ -347,19 +359,32 @@ class Allocator:
                 rate = max(0.0, min(target, q.rate - held))
                 mine.rate[tenant] = rate
                 fraction = rate / q.rate
+                # The burst is split evenly over the pods, not by demand: routing spreads requests
+                # at random, so the next clump may land on any pod, and one that saw little traffic
+                # lately must still absorb one. Bounded by what the others hold, like the rate.
                 bucket = q.bucket or 1
-                burst = max(1, math.floor(bucket * fraction)) if rate > 0 else 0
+                target_b = bucket // len(pods)
+                burst = max(0, min(target_b, bucket - sum(o.burst.get(tenant, 0) for o in others)))
+                if rate > 0 and target_b == 0:
+                    burst = 1  # a burst smaller than the pod count: one each, or nothing would pass
+                if rate <= 0:
+                    burst = 0
+                mine.burst[tenant] = burst
+                settled = settled and rate >= 0.5 * target and (rate <= 0 or burst >= max(1, target_b // 2))
             if q.max_concurrent is not None:
                 want_n = {p: lease.demand.get(tenant, TenantDemand()).concurrency for p, lease in pods.items()}
                 target_n = max_min_fair_int(q.max_concurrent, want_n)[req.pod]
                 held_n = sum(o.slots.get(tenant, 0) for o in others)
                 slots = max(0, min(target_n, q.max_concurrent - held_n))
+                settled = settled and (slots > 0 or target_n == 0)
                 mine.slots[tenant] = slots
                 if q.rate is None:
                     fraction = slots / q.max_concurrent
             shares[tenant] = TenantShare(rate, burst, slots, fraction)
         for gone in set(mine.rate) - set(req.quotas):
             del mine.rate[gone]
+        for gone in set(mine.burst) - set(req.quotas):
+            del mine.burst[gone]
         for gone in set(mine.slots) - set(req.quotas):
             del mine.slots[gone]
-        return LeaseGrant(req.service, req.pod, self.lease_seconds, len(pods), shares)
+        return LeaseGrant(req.service, req.pod, self.lease_seconds, len(pods), shares, settled)

@@ -256,7 +256,9 @@ class DataPlane:
         return True, None
 
     def readiness(self) -> bool:
-        return self.ready and self.liveness()[0]
+        """Loaded, not draining, live, and holding its share of the tenants' quotas
+        (:meth:`~sluiceway_pod.quota_client.QuotaClient.ready_to_serve`)."""
+        return self.ready and (self.quota is None or self.quota.ready_to_serve()) and self.liveness()[0]
 
     # ------------------------------------------------------------------ drain
     async def drain(self) -> bool:

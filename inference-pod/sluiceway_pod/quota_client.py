@@ -9,6 +9,10 @@ running counts), POSTs it from a worker thread (``asyncio.to_thread``, bounded b
 applies the grant on the loop (:meth:`TenantRegistry.apply_shares`). Requests never wait on it:
 they are admitted by the local token buckets and caps, which hold this pod's share.
 
+Joining: until a grant comes back *settled* (no tenant's share here held back by the other pods'
+unexpired leases) the client renews every ``MIN_EARLY_RENEWAL`` and the pod does not report ready
+(:meth:`QuotaClient.ready_to_serve`; at most one lease period).
+
 Failure: a lease is valid ``leaseSeconds`` from when the request was *sent* (so the pod's view ends
 before the coordinator's). When it runs out without a renewal, the pod falls back to
 ``quota / replicas`` with the replica count of its last lease (``quota.assumedReplicas`` before the
@@ -84,11 +88,21 @@ class QuotaClient:
         self.fallback = True  # until the first lease
         self.replicas = cfg.assumed_replicas
         self.failures = 0
+        self.settled = False  # a settled grant seen (LeaseGrant.settled): see ready_to_serve
         self._last_report = self.started
         self._task: asyncio.Task[None] | None = None
         registry.apply_shares(None, self.replicas)
 
     # ------------------------------------------------------------------ state
+    def ready_to_serve(self) -> bool:
+        """Whether the pod may report ready as far as quotas go: once a grant was settled (no
+        tenant's share here held back by the other pods' leases), or on the fallback share (no
+        coordinator: traffic never waits on it), or one lease period after the client started (a
+        share that stays held back must not keep the pod out of service). A pod that joins gets what
+        the others' unexpired leases leave, possibly nothing; reporting ready before they have
+        renewed would refuse tenants that are under their quota here."""
+        return self.settled or self.fallback or self.clock.now() - self.started >= self.cfg.lease_seconds
+
     def lease_age(self) -> float:
         """Seconds since the last lease was granted (since start when there was none)."""
         return self.clock.now() - (self.last_renewal if self.last_renewal is not None else self.started)
@@ -144,6 +158,7 @@ class QuotaClient:
         self.last_renewal = sent
         self.replicas = grant.replicas
         self.fallback = False
+        self.settled = self.settled or grant.settled
         self.registry.apply_shares(grant.shares, grant.replicas)
         self._on_change(self)
         return True
@@ -168,7 +183,7 @@ class QuotaClient:
             while (now := self.clock.now()) < due:
                 await asyncio.sleep(min(MIN_EARLY_RENEWAL, due - now))
                 self.check_expiry()
-                if self.clock.now() >= early and self.starved():
+                if self.clock.now() >= early and (self.starved() or not self.settled):
                     break
 
     async def start(self) -> None:

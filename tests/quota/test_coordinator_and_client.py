@@ -149,3 +149,39 @@ def test_a_tenant_queued_on_a_pod_without_a_slot_asks_for_an_early_renewal(
         assert not clients["b"].starved()
 
     asyncio.run(scenario())
+
+
+def test_a_joining_pod_reports_ready_only_once_it_holds_its_share(coordinator: tuple[str, ManualClock]) -> None:
+    """Pods a and b hold the whole quota; c joins and gets nothing until they renew: it is not
+    ready to serve meanwhile (its tenants would be refused under their quota), and is once its grant
+    is settled. A share that stays held back keeps it out for at most one lease period."""
+    url, coord_clock = coordinator
+    clock = ManualClock()
+    regs = {p: registry(clock) for p in "abc"}
+    loads: dict[str, dict[str, tuple[int, int]]] = {p: {} for p in "abc"}
+    clients = {p: client(url, regs[p], clock, f"pod-{p}", loads[p]) for p in "abc"}
+
+    async def scenario() -> None:
+        for p in "abab":
+            assert await clients[p].renew_once()  # b first gets what a leaves, then half
+        assert clients["b"].settled  # a and b now hold all of it, half each
+        assert clients["c"].ready_to_serve()  # no lease yet: the fallback share, traffic never waits
+        assert await clients["c"].renew_once()
+        assert not clients["c"].settled and not clients["c"].ready_to_serve()
+        coord_clock.advance(0.4)
+        for p in "ab":
+            assert await clients[p].renew_once()  # they give back what c's fair share needs
+        assert await clients["c"].renew_once()
+        assert clients["c"].settled and clients["c"].ready_to_serve()
+        assert (regs["c"].share("team").rate or 0) >= 5.0  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+    late = client(url, registry(clock), clock, "pod-d", {})
+
+    async def held_back() -> None:
+        assert await late.renew_once()  # a, b and c hold everything: d gets nothing, not settled
+        assert not late.settled and not late.ready_to_serve()
+        clock.advance(3.0)  # one lease period since d's client started
+        assert late.ready_to_serve()
+
+    asyncio.run(held_back())

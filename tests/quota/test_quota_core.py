@@ -72,18 +72,19 @@ def test_outstanding_leases_never_exceed_the_quota(
     """Any order of renewals with any demand: the leases in force sum to at most the quota."""
     alloc = Allocator(lease_seconds=2.0)
     quota = {"t": TenantQuota(rate, 10, slots)}
-    held: dict[str, tuple[float, float, int]] = {}  # pod -> (expires, rate, slots)
+    held: dict[str, tuple[float, float, int, int]] = {}  # pod -> (expires, rate, slots, burst)
     now = 0.0
     for pod_i, offered, queued, dt in steps:
         now += dt
         pod = f"p{pod_i}"
         grant = alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(offered, 0, queued, 0)}), now)
         share = grant.shares["t"]
-        assert share.rate is not None and share.max_concurrent is not None
-        held[pod] = (now + grant.lease_seconds, share.rate, share.max_concurrent)
+        assert share.rate is not None and share.max_concurrent is not None and share.burst is not None
+        held[pod] = (now + grant.lease_seconds, share.rate, share.max_concurrent, share.burst)
         live = [v for v in held.values() if v[0] > now]
         assert sum(v[1] for v in live) <= rate + 1e-9
         assert sum(v[2] for v in live) <= slots
+        assert sum(v[3] for v in live) <= 10  # the burst too (10 >= the 4 pods here: no one-each case)
         assert grant.replicas == len(live)
 
 
@@ -137,3 +138,47 @@ def test_lease_messages_round_trip_and_reject_bad_input() -> None:
     for doc in bad:
         with pytest.raises(QuotaError):
             LeaseRequest.from_json(doc)
+
+
+def test_a_pod_that_joins_while_the_others_hold_the_quota_is_not_settled_until_they_renew() -> None:
+    """A joining pod gets what the others' unexpired leases leave, here nothing: its grant says so
+    (``settled`` false), and turns settled once the others have renewed and given part back."""
+    alloc = Allocator(lease_seconds=3.0)
+    quota = {"t": TenantQuota(20.0, 40, 8)}
+    light = {"t": TenantDemand(1.5, 1.5, 0, 1)}  # well under the quota: the rest is spread evenly
+    assert alloc.renew(LeaseRequest("ns/svc", "a", quota, light), 0.0).settled  # alone: all of it
+    assert not alloc.renew(LeaseRequest("ns/svc", "b", quota, light), 0.1).settled  # a holds it all
+    assert alloc.renew(LeaseRequest("ns/svc", "a", quota, light), 0.3).settled  # a gives half back
+    assert alloc.renew(LeaseRequest("ns/svc", "b", quota, light), 0.4).settled  # a and b: 10/s each
+    joined = alloc.renew(LeaseRequest("ns/svc", "c", quota, {}), 0.6)
+    assert joined.shares["t"].rate < 1.0 and not joined.settled
+    for pod in "ab":
+        assert alloc.renew(LeaseRequest("ns/svc", pod, quota, light), 1.0).settled
+    again = alloc.renew(LeaseRequest("ns/svc", "c", quota, {}), 1.1)
+    assert again.settled and again.shares["t"].rate >= 4.0 and (again.shares["t"].max_concurrent or 0) >= 1
+
+
+def test_a_grant_without_settled_reads_as_settled_and_a_bad_one_is_refused() -> None:
+    doc = LeaseGrant("ns/svc", "p", 3.0, 1, {}, settled=False).to_json()
+    assert doc["settled"] is False and LeaseGrant.from_json(doc).settled is False
+    del doc["settled"]  # a coordinator from before the field
+    assert LeaseGrant.from_json(doc).settled is True
+    with pytest.raises(QuotaError):
+        LeaseGrant.from_json({**doc, "settled": "yes"})
+
+
+def test_the_burst_is_split_evenly_whatever_the_recent_demand() -> None:
+    """A tenant well under its quota, routed at random: a pod that saw little of it lately still
+    holds an even part of the burst, so a clump that lands there passes (the sandbox refused the
+    fifth of five requests within 0.4 s on a pod holding 0.16 of a 40-request burst)."""
+    alloc = Allocator(lease_seconds=3.0)
+    quota = {"t": TenantQuota(20.0, 40)}
+    offered = {"a": 4.0, "b": 1.0, "c": 1.0, "d": 0.0}
+    grants = {}
+    for rnd in range(3):
+        for pod, off in offered.items():
+            grants[pod] = alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(off, off)}), rnd * 1.0)
+    assert {p: g.shares["t"].burst for p, g in grants.items()} == {"a": 10, "b": 10, "c": 10, "d": 10}
+    rates = {p: g.shares["t"].rate or 0.0 for p, g in grants.items()}
+    assert rates["a"] > rates["d"] > 0  # the rate still follows demand
+    assert all(g.settled for g in grants.values())
