@@ -175,9 +175,9 @@ class LeaseGrant:
     replicas: int
     shares: Mapping[str, TenantShare]
     #: False while a tenant's share here is held back by other pods' unexpired leases: below half
-    #: its fair target rate, or no concurrency slot where its target has one (a pod that just joined,
-    #: before the others have renewed). A pod that is not serving yet waits for a settled grant
-    #: before it reports ready. Absent from a grant: true.
+    #: its fair target rate or half its even part of the burst, or no concurrency slot where its
+    #: target has one (a pod that just joined, before the others have renewed). A pod that is not
+    #: serving yet waits for a settled grant before it reports ready. Absent from a grant: true.
     settled: bool = True
 
     def to_json(self) -> dict[str, Any]:
