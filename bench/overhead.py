@@ -408,13 +408,21 @@ def refusal_ratios(ref: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def plot(doc: dict[str, Any], path: Path) -> Path | None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    plt = _pyplot()
+    if plt is None:
         return None
     pts = doc["noop"]
     names = list(pts)
@@ -447,12 +455,8 @@ async def _discard(message: Any) -> None:
 
 def plot_refusal(doc: dict[str, Any], path: Path) -> Path | None:
     """CPU per request of the 429 section: accepted / refused / floor, wrk and open loop (medians)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return None
     ref = doc["refusal"]
     names = [n for n in ("accepted", "refused", "floor", "floor_raw") if n in ref["reps"][0]]

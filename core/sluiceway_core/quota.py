@@ -364,11 +364,12 @@ class Allocator:
                 # lately must still absorb one. Bounded by what the others hold, like the rate.
                 bucket = q.bucket or 1
                 target_b = bucket // len(pods)
-                burst = max(0, min(target_b, bucket - sum(o.burst.get(tenant, 0) for o in others)))
-                if rate > 0 and target_b == 0:
-                    burst = 1  # a burst smaller than the pod count: one each, or nothing would pass
                 if rate <= 0:
                     burst = 0
+                elif target_b == 0:
+                    burst = 1  # a burst smaller than the pod count: one each, or nothing would pass
+                else:
+                    burst = max(0, min(target_b, bucket - sum(o.burst.get(tenant, 0) for o in others)))
                 mine.burst[tenant] = burst
                 settled = settled and rate >= 0.5 * target and (rate <= 0 or burst >= max(1, target_b // 2))
             if q.max_concurrent is not None:
