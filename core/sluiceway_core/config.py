@@ -89,6 +89,11 @@ class ServerConfig(_Model):
     port: int = Field(default=8080, ge=1, le=65535)
     metrics_port: int = Field(default=9091, ge=1, le=65535)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_inflight_body_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="request bodies admitted but not yet decoded, all connections together -> 429",
+    )
     drain_seconds: float = Field(default=30.0, gt=0, le=3600)
     drain_delay_seconds: float = Field(
         default=0.0, ge=0, le=600, description="after SIGTERM: not ready, but still admitting, this long"
@@ -271,6 +276,11 @@ class QuotaConfig(_Model):
     service: str | None = Field(default=None, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?/[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
     lease_seconds: float = Field(default=3.0, ge=0.5, le=60)
     assumed_replicas: int = Field(default=1, ge=1, le=10_000, description="fallback divisor before a first lease")
+    #: The operator's signed view of this service's quotas (:mod:`sluiceway_core.quota_charter`,
+    #: ``QuotaCharter.to_json``); the pod sends it with every renewal, with the signature read from
+    #: ``token_file`` (the pod's Secret), and the coordinator trusts only what the signature covers.
+    charter: dict[str, Any] | None = None
+    token_file: str | None = Field(default=None, description="file holding the charter's signature")
 
     @model_validator(mode="after")
     def _both(self) -> QuotaConfig:

@@ -22,42 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+from sluiceway_core.urls import normalise_all, normalise_url
 
 from sluiceway_scaler.errors import AddressNotAllowed, InvalidMetadata
 from sluiceway_scaler.metadata import TriggerConfig
 
 __all__ = ["AllowList", "Transport", "check_transport", "normalise_url"]
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def normalise_url(url: str) -> str:
-    """``scheme://host:port[/path]``, lower-cased, explicit port, no trailing slash. Raises ValueError
-    for anything but a plain http(s) URL (no credentials, query or fragment)."""
-    u = urlsplit(url.strip())
-    scheme = u.scheme.lower()
-    if scheme not in _DEFAULT_PORTS or not u.hostname:
-        raise ValueError(f"must be an http(s) URL with a host, got {url!r}")
-    if u.username is not None or u.password is not None:
-        raise ValueError(f"must not carry credentials, got {url!r}")
-    if u.query or u.fragment:
-        raise ValueError(f"must not have a query or fragment, got {url!r}")
-    port = u.port or _DEFAULT_PORTS[scheme]  # u.port raises ValueError when out of range
-    host = u.hostname.lower()
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{scheme}://{host}:{port}{u.path.rstrip('/')}"
-
-
-def _normalise_all(flag: str, urls: Iterable[str]) -> frozenset[str]:
-    out = set()
-    for url in urls:
-        try:
-            out.add(normalise_url(url))
-        except ValueError as e:
-            raise ValueError(f"{flag}: {e}") from None
-    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -71,8 +42,8 @@ class AllowList:
     def build(cls, prometheus: Iterable[str] = (), pod_metrics: Iterable[str] = ()) -> AllowList:
         """From the CLI flags' values. Raises ValueError naming the flag for a malformed URL."""
         return cls(
-            _normalise_all("--allowed-prometheus", prometheus),
-            _normalise_all("--allowed-pod-metrics", pod_metrics),
+            normalise_all("--allowed-prometheus", prometheus),
+            normalise_all("--allowed-pod-metrics", pod_metrics),
         )
 
     def check(self, cfg: TriggerConfig) -> None:

@@ -3,7 +3,7 @@
 Through Prometheus the first queued request becomes visible only after the next scrape plus the
 scaler's next query (up to two scrape intervals). With ``podMetricsUrls`` in the trigger metadata
 the scaler reads the pods directly instead, so ``true`` is pushed within one activation poll
-interval of the first request. Blocking I/O (:func:`sluiceway_scaler.fetch.http_get`: one GET per
+interval of the first request. Blocking I/O (:func:`sluiceway_core.httpget.http_get`: one GET per
 URL, a hard deadline, answers capped at 8 MiB); called from a gRPC worker thread. A pod that cannot
 be read, or whose numbers are not finite and non-negative, is skipped; if none can be read the
 result is ``None`` (unknown), which never deactivates the service.
@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from sluiceway_core.httpget import FetchError, http_get
 
-from sluiceway_scaler.fetch import FetchError, http_get
 from sluiceway_scaler.metrics import ScalerMetrics
 
 __all__ = ["PodActivity", "poll_pods"]

@@ -1,6 +1,6 @@
 """The only module that talks to Prometheus: instant queries over its HTTP API.
 
-Blocking I/O through :func:`sluiceway_scaler.fetch.http_get`: one GET per query, a hard deadline of
+Blocking I/O through :func:`sluiceway_core.httpget.http_get`: one GET per query, a hard deadline of
 ``timeout`` seconds over the whole exchange (a slow or trickling server cannot hold a worker longer),
 answers capped at 4 MiB, no retries, no proxies from the environment. The caller (a gRPC worker
 thread, or the planner CLI) decides what to do with a failure. A :class:`PrometheusSource` keeps no
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from sluiceway_core.httpget import FetchError, http_get
 from sluiceway_core.policy import Signals
 from sluiceway_core.signals import Queries
 
 from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
-from sluiceway_scaler.fetch import FetchError, http_get
 from sluiceway_scaler.metrics import ScalerMetrics
 
 __all__ = ["MAX_ANSWER_BYTES", "PrometheusSource", "Queries", "ServiceStats"]

@@ -16,7 +16,7 @@ State is keyed by the full trigger identity: the ScaledObject's namespace and na
 :attr:`~sluiceway_scaler.metadata.TriggerConfig.identity` (service, namespace, addresses, rate
 window, spec). A trigger that names another Prometheus, or another spec, never shares history with
 this one. Entries not seen for ``forget_after`` seconds (an hour) are dropped; the clock is injected.
-There are no per-address clients to drop: :mod:`sluiceway_scaler.fetch` opens one connection per
+There are no per-address clients to drop: :mod:`sluiceway_core.httpget` opens one connection per
 query and closes it.
 
 One set of queries per poll: with a ``type: external`` trigger KEDA calls ``IsActive`` right after

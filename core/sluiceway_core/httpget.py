@@ -1,7 +1,8 @@
 """Blocking HTTP GET with a hard deadline over the whole exchange, and a cap on the answer's size.
 
-The only HTTP client of the scaler (:mod:`sluiceway_scaler.prom` for Prometheus,
-:mod:`sluiceway_scaler.podpoll` for pod ``/metrics``). A per-read socket timeout is not enough: a
+The one HTTP GET of every component that reads another system by URL: the scaler (Prometheus through
+:mod:`sluiceway_core.promclient`, pod ``/metrics``) and the operator (Prometheus, through the same
+client). A per-read socket timeout is not enough: a
 server that trickles one byte at a time keeps every read short and the whole answer long (a
 Prometheus stand-in sending one byte every 0.2 s held a ``requests`` query with a 0.5 s timeout for
 52 s). Here a timer shuts the socket down when ``timeout`` has passed since the call began, which
@@ -16,6 +17,7 @@ import http.client
 import socket
 import ssl
 import threading
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 __all__ = ["FetchError", "FetchTimeout", "http_get"]
@@ -29,9 +31,15 @@ class FetchTimeout(FetchError):
     """No complete answer within the deadline."""
 
 
-def http_get(url: str, timeout: float, max_bytes: int) -> tuple[int, bytes]:
+def http_get(
+    url: str, timeout: float, max_bytes: int, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes]:
     """``(status, body)`` of one GET. Raises :class:`FetchTimeout` after ``timeout`` seconds in all,
-    :class:`FetchError` for any other failure or a body longer than ``max_bytes``."""
+    :class:`FetchError` for any other failure or a body longer than ``max_bytes``. ``headers`` are
+    sent as given (after the defaults, which they may override).
+
+    Concurrency: blocking; safe to call from any number of threads (nothing is shared between calls).
+    """
     u = urlsplit(url)
     host = u.hostname or ""
     conn: http.client.HTTPConnection
@@ -56,8 +64,9 @@ def http_get(url: str, timeout: float, max_bytes: int) -> tuple[int, bytes]:
         conn.connect()
         if expired.is_set():
             raise TimeoutError("deadline passed while connecting")
-        headers = {"Accept": "application/json, text/plain", "User-Agent": "sluiceway-scaler"}
-        conn.request("GET", target, headers=headers)
+        sent = {"Accept": "application/json, text/plain", "User-Agent": "sluiceway"}
+        sent.update(headers or {})
+        conn.request("GET", target, headers=sent)
         resp = conn.getresponse()
         body = resp.read(max_bytes + 1)
         if len(body) > max_bytes:
