@@ -1,7 +1,7 @@
 # The controller image: the operator (`sluiceway-operator`), the KEDA external scaler
 # (`sluiceway-scaler`) and the capacity planner (`sluiceway`), on slim Python.
 # Build from the repository root:  docker build -f images/controller.Dockerfile -t ghcr.io/sluiceway/sluiceway:0.1.0 .
-# tests/chart/test_images.py checks this file against pyproject.toml and charts/sluiceway.
+# tests/chart/test_chart_images.py checks this file against pyproject.toml and charts/sluiceway.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -1,6 +1,6 @@
 # The inference pod image: `sluiceway-pod` on a CUDA build of torch.
 # Build from the repository root:  docker build -f images/pod.Dockerfile -t ghcr.io/sluiceway/sluiceway-pod:0.1.0 .
-# tests/chart/test_images.py checks this file against pyproject.toml and what the operator renders
+# tests/chart/test_chart_images.py checks this file against pyproject.toml and what the operator renders
 # (command, ports 8080 `http` and 9091 `metrics`, user 65532, config and key paths).
 ARG TORCH_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 FROM ${TORCH_IMAGE}
