@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SLUICEWAY_SKIP_GO=1 bash scripts/setup.sh
 PORT=${PORT:-8080}
+METRICS_PORT=${METRICS_PORT:-9091}
 log=$(mktemp)
-sluiceway-pod serve --model demo --host 127.0.0.1 --port "$PORT" --max-queue 4 >"$log" 2>&1 &
+sluiceway-pod serve --model demo --host 127.0.0.1 --port "$PORT" --metrics-port "$METRICS_PORT" --max-queue 4 >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 300); do curl -sf "localhost:$PORT/v2/health/ready" >/dev/null && break; sleep 0.2; done
@@ -39,8 +40,9 @@ async def main():
     print(dict(collections.Counter(r.status_code for r in rs)))
 asyncio.run(main())
 PY
-echo "== metrics:"
-curl -s "localhost:$PORT/metrics" | grep -E '^sluiceway_(requests_total|rejected_total|concurrency_limit|queue_depth)' || true
+echo "== metrics (served on the metrics port only, never on the inference port):"
+curl -sf "localhost:$METRICS_PORT/metrics" | grep -E '^sluiceway_(requests_total|rejected_total|concurrency_limit|queue_depth)'
+echo "   inference port /metrics: HTTP $(curl -s -o /dev/null -w '%{http_code}' "localhost:$PORT/metrics")"
 kill -TERM $pid
 wait $pid && echo "== drained, exit code 0"
 sed -n '1,200p' "$log" | grep -E 'ready on|drain' || true
