@@ -17,6 +17,22 @@ cache_bin() {
   echo "${SLUICEWAY_CACHE:-$HOME/.cache/sluiceway}/$1-$2-$sum/bin"
 }
 
+# require_go DIR: exit with a message naming what to install unless `go` is on PATH and at least the
+# version DIR/go.mod's `go` line asks for (the builds run with GOTOOLCHAIN=local: no download).
+require_go() {
+  local want have
+  want=$(awk '$1=="go" {print $2; exit}' "$1/go.mod")
+  if ! command -v go >/dev/null 2>&1; then
+    echo "$(basename "$0"): Go >= $want is needed to build $(basename "$1") (none on PATH): install Go $want or newer" >&2
+    exit 1
+  fi
+  have=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -n1)" != "$want" ]; then
+    echo "$(basename "$0"): Go >= $want is needed to build $(basename "$1"), this machine has $have: install Go $want or newer (GOTOOLCHAIN=local: nothing is downloaded)" >&2
+    exit 1
+  fi
+}
+
 # cache_lookup OUT FLAG BINARY...: with FLAG --dir print OUT and exit 0 if every BINARY is there,
 # 1 if not (never builds); without it print OUT and exit 0 when they are all there. Otherwise
 # return, with OUT.tmp created for the build.
@@ -30,6 +46,7 @@ cache_lookup() {
     exit 1
   fi
   if [ "$ok" = 1 ]; then echo "$out"; exit 0; fi
+  require_go "$here"  # every tools/build-*.sh sets here= to its module folder
   mkdir -p "$out.tmp"
   export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 }
