@@ -73,3 +73,31 @@ def test_setup_error_is_reported_once_not_per_retry(tmp_path: Path) -> None:
     w._setup()
     w._setup()
     assert len([1 for m, p, b in kube.calls if p.endswith("/events")]) == 1
+
+
+def test_network_failure_after_allocation_is_retried_as_one_step(tmp_path: Path) -> None:
+    """Issue 18 item 12: the pod network fails after the IP was allocated. The next attempt must
+    set the network up again (not skip it because an IP is held), so the worker never reaches a
+    container start without a network namespace; the half-made attempt is undone."""
+    from sluiceway_sandbox.netns import NetworkError
+
+    w, kube, downs = worker(tmp_path, "busybox")
+    ups: list[str] = []
+    released: list[str] = []
+
+    def flaky_up(layout: Layout, uid: str, ip: str) -> str:
+        ups.append(ip)
+        if len(ups) == 1:
+            raise NetworkError("ip link add failed (2): RTNETLINK answers: File exists")
+        return "slw-test"
+
+    w.ctx.network_up = flaky_up
+    w.ctx.release_ip = released.append
+    w._setup()
+    assert w.ip is None and w.netns is None  # nothing half-made survives the failed attempt
+    assert released == ["uid-1"] and downs == ["uid-1"]
+    w._setup()  # busybox is no known image: setup still fails, but after the network step
+    assert len(ups) == 2, "the retry skipped the network setup"
+    assert w.ip == "198.18.1.9" and w.netns == "slw-test"
+    status = [b for m, p, b in kube.calls if p.endswith("/pods/web/status")][-1]["status"]
+    assert status["podIP"] == "198.18.1.9"

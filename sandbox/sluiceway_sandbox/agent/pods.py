@@ -235,9 +235,8 @@ class PodWorker(threading.Thread):
     def _setup(self) -> None:
         pod = self._snapshot()
         try:
-            if self.ip is None:
-                self.ip = self.ctx.allocate_ip(self.uid, (pod.get("status") or {}).get("podIP"))
-                self.netns = self.ctx.network_up(self.ctx.layout, self.uid, self.ip)
+            if self.netns is None:
+                self.ip, self.netns = self._network(pod)
                 self.start_time = now_iso()
                 self.transitions["PodReadyToStartContainers"] = ("True", now_iso())
                 with self.lock:
@@ -271,6 +270,18 @@ class PodWorker(threading.Thread):
             self.setup_error = (reason, message)
             for c in [*self.init, *self.containers]:
                 c.waiting = (reason, message)
+
+    def _network(self, pod: JSON) -> tuple[str, str]:
+        """Allocate the pod's IP and set its network up as one step (issue 18 item 12): if the setup
+        fails, the half-made namespace is removed and the IP released before the error propagates,
+        so the next attempt starts from nothing instead of skipping the network with an IP held."""
+        ip = self.ctx.allocate_ip(self.uid, (pod.get("status") or {}).get("podIP"))
+        try:
+            return ip, self.ctx.network_up(self.ctx.layout, self.uid, ip)
+        except BaseException:
+            self.ctx.network_down(self.uid)
+            self.ctx.release_ip(self.uid)
+            raise
 
     def _refresh_volumes(self) -> None:
         """Re-project ConfigMap/Secret/token volumes in place, as the kubelet's periodic sync does
