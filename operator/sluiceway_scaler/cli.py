@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from sluiceway_scaler.access import AllowList
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
-from sluiceway_scaler.service import ExternalScalerService, TlsFiles, serve
+from sluiceway_scaler.service import MAX_ENTRIES, ExternalScalerService, TlsFiles, serve
 
 log = logging.getLogger("sluiceway_scaler")
 
@@ -36,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=9090, help="gRPC port (default 9090; 0 picks a free one)")
     s.add_argument("--metrics-port", type=int, default=9091, help="/metrics port (default 9091; -1 disables)")
     s.add_argument("--workers", type=int, default=64,
-                   help="gRPC worker threads; each open StreamIsActive holds one (default 64)")
+                   help="gRPC worker threads; each open StreamIsActive holds one, and a quarter (at least 2) "
+                        "is kept for GetMetrics/IsActive: streams past the rest are refused (default 64)")
+    s.add_argument("--max-triggers", type=int, default=MAX_ENTRIES,
+                   help=f"trigger identities whose state is kept; new ones past it are refused (default {MAX_ENTRIES})")
     s.add_argument("--grace", type=float, default=5.0, help="seconds to finish calls on shutdown")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--quota-port", type=int, default=-1,
@@ -68,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=args.log_level.upper(), format=fmt)
-    if not 0 <= args.port <= 65535 or args.workers < 1:
-        print("error: --port must be within 0..65535 and --workers >= 1", file=sys.stderr)
+    if not 0 <= args.port <= 65535 or args.workers < 1 or args.max_triggers < 1:
+        print("error: --port must be within 0..65535, --workers and --max-triggers >= 1", file=sys.stderr)
         return 2
     try:
         allowed = AllowList.build(args.allowed_prometheus, args.allowed_pod_metrics)
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     registry = CollectorRegistry()
     metrics = ScalerMetrics(registry)
-    service = ExternalScalerService(metrics, allowed=allowed)
+    service = ExternalScalerService(metrics, allowed=allowed, max_entries=args.max_triggers)
     try:
         server, port = serve(service, args.host, args.port, args.workers, tls=tls)
     except OSError as e:

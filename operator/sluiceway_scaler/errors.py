@@ -37,6 +37,20 @@ class AddressNotAllowed(InvalidMetadata):
     reason = "address_not_allowed"
 
 
+class NamespaceNotAllowed(InvalidMetadata):
+    """The trigger's ``namespace`` key names a namespace other than the ScaledObject's own (issue 18
+    item 11): a ScaledObject author may read only their own namespace's scaling decision."""
+
+    reason = "namespace_not_allowed"
+
+
+class Overloaded(ScalerError):
+    """A bounded resource is full: open streams (``--workers``) or trigger state (``--max-triggers``).
+    The message names the flag that raises the bound."""
+
+    reason = "overloaded"
+
+
 class UnknownMetric(ScalerError):
     """GetMetrics asked for a metric name this scaler never announced."""
 
@@ -64,6 +78,8 @@ class SourceGarbage(SourceUnavailable):
 _CODES: dict[type[ScalerError], grpc.StatusCode] = {
     InvalidMetadata: grpc.StatusCode.INVALID_ARGUMENT,
     AddressNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
+    NamespaceNotAllowed: grpc.StatusCode.PERMISSION_DENIED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     UnknownMetric: grpc.StatusCode.NOT_FOUND,
     NoDecisionYet: grpc.StatusCode.UNAVAILABLE,
     SourceUnavailable: grpc.StatusCode.UNAVAILABLE,

@@ -9,7 +9,7 @@ Keys (all values are strings, as KEDA passes them):
 key                            default   meaning
 =============================  ========  ====================================================
 inferenceService               required  the InferenceService name (label ``inferenceservice``)
-namespace                      ref's ns  its namespace (label ``namespace``)
+namespace                      ref's ns  the ScaledObject's own namespace; any other is refused
 prometheusAddress              required  ``http(s)://host:port`` of Prometheus
 targetQueueDepthPerReplica     --        queued requests one replica may hold
 targetWaitP95                  --        target queue-wait p95: ``500ms``, ``2s``, ``1m`` or seconds
@@ -51,7 +51,7 @@ from urllib.parse import urlparse
 from sluiceway_core.policy import ScaleDownPolicy, ScaleUpPolicy, ScalingSpec
 from sluiceway_core.units import parse_seconds
 
-from sluiceway_scaler.errors import InvalidMetadata
+from sluiceway_scaler.errors import InvalidMetadata, NamespaceNotAllowed
 
 __all__ = ["KNOWN_KEYS", "TriggerConfig", "parse_metadata"]
 
@@ -174,6 +174,23 @@ def _release_window(md: Mapping[str, str], window: float | None) -> float | None
     return release
 
 
+def _namespace(md: Mapping[str, str], ref_namespace: str) -> str:
+    """The ScaledObject's namespace (KEDA passes ``ScaledObjectRef.namespace``). The ``namespace`` key
+    may repeat it, never name another one (issue 18 item 11: a ScaledObject author must not read
+    another team's scaling decision)."""
+    own = ref_namespace.strip()
+    named = _str(md, "namespace")
+    if not own:
+        raise InvalidMetadata("namespace", "the ScaledObjectRef carries no namespace (KEDA always sets it)")
+    if not _DNS_LABEL.match(own):
+        raise InvalidMetadata("namespace", f"the ScaledObjectRef's namespace must be a DNS-1123 label, got {own!r}")
+    if named is not None and named != own:
+        raise NamespaceNotAllowed(
+            "namespace", f"names {named!r}, but the ScaledObject is in {own!r}: a trigger reads its own namespace only"
+        )
+    return own
+
+
 def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> TriggerConfig:
     """Validate the trigger metadata. Unknown keys are rejected so that typos do not pass silently."""
     unknown = sorted(set(metadata) - KNOWN_KEYS)
@@ -185,11 +202,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         raise InvalidMetadata("inferenceService", "is required")
     if not _DNS_LABEL.match(name):
         raise InvalidMetadata("inferenceService", f"must be a DNS-1123 label, got {name!r}")
-    namespace = _str(metadata, "namespace") or ref_namespace.strip()
-    if not namespace:
-        raise InvalidMetadata("namespace", "is required (not in the metadata nor in the ScaledObjectRef)")
-    if not _DNS_LABEL.match(namespace):
-        raise InvalidMetadata("namespace", f"must be a DNS-1123 label, got {namespace!r}")
+    namespace = _namespace(metadata, ref_namespace)
 
     address = _str(metadata, "prometheusAddress")
     if address is None:

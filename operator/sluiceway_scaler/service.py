@@ -1,12 +1,20 @@
 """KEDA external scaler gRPC service.
 
-Concurrency model: a synchronous ``grpc.server`` on a ``ThreadPoolExecutor``. Each unary call runs
-on one worker thread and does blocking I/O (Prometheus queries through :mod:`sluiceway_scaler.prom`,
-pod polls through :mod:`sluiceway_scaler.podpoll`). Each open ``StreamIsActive`` holds one worker
-thread for its whole life (KEDA opens one per ScaledObject), so the pool must be larger than the
-number of ScaledObjects served (``--workers``). Shared state is one dict of per-trigger entries
-behind one lock; the lock is held only while the policy runs, never during I/O. Each entry has its
-own fetch lock, held while its signals are read, so concurrent calls for one trigger share a read.
+Concurrency model: a synchronous ``grpc.server`` on a ``ThreadPoolExecutor`` of ``--workers``
+threads. Each unary call runs on one worker thread and does blocking I/O (Prometheus queries through
+:mod:`sluiceway_scaler.prom`, pod polls through :mod:`sluiceway_scaler.podpoll`). Each open
+``StreamIsActive`` holds one worker thread for its whole life (KEDA opens one per ``external-push``
+ScaledObject), so streams are bounded (issue 18 item 10): :func:`serve` keeps a reserve of
+:func:`unary_reserve` threads that no stream may take, and a stream past ``workers - reserve`` is
+refused at once with ``RESOURCE_EXHAUSTED`` naming ``--workers``. Open streams therefore never starve
+``GetMetrics``/``IsActive``. Shared state is one dict of per-trigger entries behind one lock; the lock
+is held only while the policy runs, never during I/O. Each entry has its own fetch lock, held while
+its signals are read, so concurrent calls for one trigger share a read.
+
+The state is bounded whatever names callers send: at most ``max_entries`` trigger identities
+(``--max-triggers``; a new one past the cap is refused with ``RESOURCE_EXHAUSTED`` after the unseen
+ones are pruned), and at most :data:`PER_OBJECT` identities per ScaledObject (a changed spec makes a
+new identity; the least recently seen of that ScaledObject is dropped).
 
 Security (item 13): every RPC checks, before any I/O, that the addresses the trigger names are on
 the allow-list and that KEDA's TLS keys match the connection (:mod:`sluiceway_scaler.access`).
@@ -61,13 +69,29 @@ from sluiceway_core.signals import Queries
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
 from sluiceway_scaler.access import AllowList, Transport, check_transport
-from sluiceway_scaler.errors import NoDecisionYet, ScalerError, UnknownMetric, grpc_code, reason_of
+from sluiceway_scaler.errors import (
+    NoDecisionYet,
+    Overloaded,
+    ScalerError,
+    UnknownMetric,
+    grpc_code,
+    reason_of,
+)
 from sluiceway_scaler.metadata import TriggerConfig, parse_metadata
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.podpoll import PodActivity, poll_pods
 from sluiceway_scaler.prom import PrometheusSource
 
-__all__ = ["FORGET_AFTER", "SIGNAL_TTL", "ExternalScalerService", "TlsFiles", "serve"]
+__all__ = [
+    "FORGET_AFTER",
+    "MAX_ENTRIES",
+    "PER_OBJECT",
+    "SIGNAL_TTL",
+    "ExternalScalerService",
+    "TlsFiles",
+    "serve",
+    "unary_reserve",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +102,16 @@ SIGNAL_TTL = 1.0
 #: Seconds after which the state of a trigger that no call named any more is dropped.
 FORGET_AFTER = 3600.0
 _PRUNE_EVERY = 60.0
+#: Trigger identities kept in memory at most (``--max-triggers``); one ScaledObject normally has one.
+MAX_ENTRIES = 4096
+#: Identities kept per ScaledObject (namespace, name): the newest ones; older specs are dropped.
+PER_OBJECT = 4
+
+
+def unary_reserve(workers: int) -> int:
+    """Worker threads no stream may hold, kept for the unary calls: a quarter of the pool, at least 2
+    (all of it when the pool has fewer than 3 threads)."""
+    return min(workers, max(2, workers // 4))
 
 
 @dataclass(frozen=True)
@@ -137,6 +171,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         allowed: AllowList | None = None,
         signal_ttl: float = SIGNAL_TTL,
         forget_after: float = FORGET_AFTER,
+        max_entries: int = MAX_ENTRIES,
+        max_streams: int | None = None,
     ) -> None:
         self._metrics = metrics
         self._source = source or PrometheusSource(metrics)
@@ -148,6 +184,28 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self._entries: dict[tuple[str, str, tuple[object, ...]], _Entry] = {}
         self._pruned_at = clock()
         self._stopping = threading.Event()
+        self._max_entries = max_entries
+        self._max_streams = max_streams
+        self._streams = 0
+
+    def limit_streams(self, n: int) -> None:
+        """At most ``n`` open streams (set by :func:`serve` from its pool size)."""
+        with self._lock:
+            self._max_streams = n
+
+    def _open_stream(self) -> None:
+        with self._lock:
+            if self._max_streams is not None and self._streams >= self._max_streams:
+                raise Overloaded(
+                    f"too many open StreamIsActive streams ({self._streams}); the scaler keeps its other "
+                    "worker threads for GetMetrics/IsActive: raise sluiceway-scaler --workers "
+                    "(chart: scaler.workers) or use type: external triggers"
+                )
+            self._streams += 1
+
+    def _close_stream(self) -> None:
+        with self._lock:
+            self._streams -= 1
 
     def stop(self) -> None:
         """End open streams (called on server shutdown)."""
@@ -192,17 +250,41 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         key = (ref.namespace, ref.name, cfg.identity)
         now = self._clock()
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = _Entry(seen=now)
-            entry.seen = now
-            if now - self._pruned_at >= _PRUNE_EVERY:
-                self._pruned_at = now
-                horizon = now - self._forget_after
-                for k in [k for k, e in self._entries.items() if e.seen < horizon]:
-                    del self._entries[k]
-            n = len(self._entries)
+            try:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.seen = now  # before pruning: a call names its trigger now
+                if now - self._pruned_at >= _PRUNE_EVERY:
+                    self._prune(now)
+                if entry is None:
+                    entry = self._new_entry(key, now)
+            finally:
+                n = len(self._entries)
         self._metrics.tracked.set(n)
+        return entry
+
+    def _prune(self, now: float) -> None:
+        """Drop entries unseen for ``forget_after``. Caller holds the lock."""
+        self._pruned_at = now
+        horizon = now - self._forget_after
+        for k in [k for k, e in self._entries.items() if e.seen < horizon]:
+            del self._entries[k]
+
+    def _new_entry(self, key: tuple[str, str, tuple[object, ...]], now: float) -> _Entry:
+        """Create the entry for a new identity within the bounds. Caller holds the lock."""
+        same = [(e.seen, k) for k, e in self._entries.items() if k[:2] == key[:2]]
+        if len(same) >= PER_OBJECT:  # a ScaledObject's older specs: keep the newest identities
+            for _, k in sorted(same, key=lambda p: p[0])[: len(same) - PER_OBJECT + 1]:
+                del self._entries[k]
+        if len(self._entries) >= self._max_entries:
+            self._prune(now)
+        if len(self._entries) >= self._max_entries:
+            raise Overloaded(
+                f"the scaler holds state for {len(self._entries)} triggers, its limit; a new ScaledObject "
+                "is refused until unseen ones expire (an hour): raise sluiceway-scaler --max-triggers "
+                "(chart: scaler.maxTriggers)"
+            )
+        entry = self._entries[key] = _Entry(seen=now)
         return entry
 
     def _signals(self, cfg: TriggerConfig, entry: _Entry) -> tuple[Signals, int | None]:
@@ -290,14 +372,19 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def StreamIsActive(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         """For ``type: external-push`` triggers: KEDA keeps this stream open and acts on each message.
         Polls every ``activationPollInterval``; sends the first answer, then only changes."""
-        cfg = self._call("StreamIsActive", context, lambda: self._config(request, context))
+        def admit() -> TriggerConfig:
+            cfg = self._config(request, context)
+            self._open_stream()
+            return cfg
+
+        cfg = self._call("StreamIsActive", context, admit)
         self._metrics.active_streams.inc()
         try:
             sent: bool | None = None
             prev: PodActivity | None = None
             while context.is_active() and not self._stopping.is_set():
-                entry = self._entry(request, cfg)  # an open stream keeps its trigger's state alive
                 try:
+                    entry = self._entry(request, cfg)  # an open stream keeps its trigger's state alive
                     active, prev = self.activity(cfg, entry, prev)
                 except ScalerError as e:  # metadata validated above; keep the stream alive
                     log.warning("StreamIsActive %s/%s: %s", request.namespace, request.name, e.message)
@@ -310,6 +397,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     yield pb.IsActiveResponse(result=active)
                 self._stopping.wait(cfg.activation_poll_interval)
         finally:
+            self._close_stream()
             self._metrics.active_streams.dec()
 
     def GetMetricSpec(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -348,8 +436,10 @@ def serve(
     tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start (not block) a gRPC server for ``service``, plaintext or (mutual) TLS; returns it and
-    the bound port. Raises OSError when a TLS file cannot be read or the port cannot be bound."""
+    the bound port. Streams may hold ``workers - unary_reserve(workers)`` threads at most. Raises
+    OSError when a TLS file cannot be read or the port cannot be bound."""
     creds = tls.credentials() if tls is not None else None
+    service.limit_streams(workers - unary_reserve(workers))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scaler"))
     pb_grpc.add_ExternalScalerServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     address = f"{host}:{port}"

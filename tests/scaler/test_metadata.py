@@ -33,7 +33,7 @@ def test_overrides() -> None:
     cfg = parse_metadata(
         GOOD
         | {
-            "namespace": "other",
+            "namespace": "team-a",  # the ScaledObject's own, spelled out (another one is refused)
             "minReplicas": "0",
             "maxReplicas": "7",
             "scaleDownWindowSeconds": "5",
@@ -48,7 +48,7 @@ def test_overrides() -> None:
         },
         "team-a",
     )
-    assert cfg.namespace == "other"
+    assert cfg.namespace == "team-a"
     assert cfg.spec.min_replicas == 0 and cfg.spec.max_replicas == 7
     assert cfg.spec.scale_down.stabilization_window == 5 and cfg.spec.scale_down.max_pods == 2
     assert cfg.spec.scale_down.max_percent == 2.5
@@ -137,3 +137,20 @@ def test_release_window(text: str, seconds: float | None) -> None:
     window (checked above) and reaches the policy the scaler calls."""
     cfg = parse_metadata(GOOD | {"scaleDownReleaseWindowSeconds": text}, "a")
     assert cfg.spec.scale_down.release_window == seconds
+
+
+@pytest.mark.parametrize("ref_ns", ["", "  "])
+def test_a_ref_without_namespace_is_refused(ref_ns: str) -> None:
+    with pytest.raises(InvalidMetadata) as e:
+        parse_metadata(GOOD | {"namespace": "team-a"}, ref_ns)
+    assert e.value.field == "namespace"
+
+
+def test_another_namespace_is_refused() -> None:
+    """Issue 18 item 11: the namespace key may only repeat the ScaledObject's own namespace."""
+    from sluiceway_scaler.errors import NamespaceNotAllowed, grpc_code
+
+    with pytest.raises(NamespaceNotAllowed) as e:
+        parse_metadata(GOOD | {"namespace": "team-b"}, "team-a")
+    assert e.value.field == "namespace" and "team-b" in e.value.message and "team-a" in e.value.message
+    assert grpc_code(e.value).name == "PERMISSION_DENIED"
