@@ -2,8 +2,9 @@
 answers decided on the headers alone.
 
 **Header deadline.** A request's line and headers must arrive within ``header_timeout`` of the
-connection (or of the request's first byte); so must the rest of a body nobody reads (a refused
-request's), else the connection is closed (slowloris).
+connection (or of the request's first byte, or of the previous response's end); so must the rest of
+a body nobody reads (a refused request's), else the connection is closed (slowloris). An idle
+connection is closed at the header deadline too, whatever uvicorn's keep-alive timeout says.
 
 **Answers on the headers** (:class:`InferenceProtocol`). A refusal of an infer request (429 token
 bucket or full queue, 401, 403, 404, 503 not ready or draining, 400 on a bad priority or deadline
@@ -56,9 +57,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol plus a deadline for each request's line and headers.
 
     The deadline runs from the connection (or a request's first byte) to the end of its headers; it
-    is also set when a response completes while the client is still sending a body nobody reads (a
-    refused request: the parser drops those bytes). When it passes and no request is being served,
-    the connection is closed.
+    is also set when a response completes (the idle connection, or the rest of a body nobody reads:
+    the parser drops those bytes), so an idle connection never outlives it. When it passes and no
+    request is being served, the connection is closed; when it passes while a request is in service
+    (the next request's first bytes came early), it is kept and checked when that response
+    completes: a late connection is closed then (issue 18, item 6).
 
     Setting and clearing the deadline is an assignment, not a timer per request: one timer per
     connection runs at a time; when it fires before a deadline that was moved later, it re-arms for
@@ -85,9 +88,14 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self.loop.time() < at:  # moved later since this timer was armed
             self._header_timer = self.loop.call_at(at, self._header_deadline)
             return
-        self._header_deadline_at = None
         if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is in service; its body has its own deadline in the app
+            # a request is in service (its body has its own deadline in the app): the passed deadline
+            # is kept, and checked again when that request's response completes
+            return
+        self._header_deadline_at = None
+        self._close_late()
+
+    def _close_late(self) -> None:
         if not self.transport.is_closing():
             log.debug("closing a connection whose request headers did not arrive in %.1fs", self.header_timeout)
             self.transport.close()
@@ -106,8 +114,20 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
-            self._arm()  # the rest of an unread body: bounded too
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            return  # a pipelined request (its headers complete) started: in service now
+        at = self._header_deadline_at
+        if at is None:
+            self._arm()  # idle (or the rest of an unread body): bounded by the header deadline
+        elif self.loop.time() >= at:
+            # the next request began while this one was in service and its headers are late
+            self._header_deadline_at = None
+            self._close_late()
+        elif self._header_timer is None:
+            self._header_timer = self.loop.call_at(at, self._header_deadline)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
