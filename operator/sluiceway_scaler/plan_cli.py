@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 
 from sluiceway_core.units import parse_seconds
+from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.errors import SourceUnavailable
 from sluiceway_scaler.planner import Plan, plan
@@ -83,7 +84,9 @@ def run_plan(args: argparse.Namespace) -> int:
             return 2
         try:
             queries = Queries.build(args.namespace, args.inference_service, args.window)
-            stats = PrometheusSource().read_stats(args.prometheus.rstrip("/"), queries, 10.0)
+            # the operator names this address on the command line: it is the whole allow-list
+            allow = UrlAllowList.build("--prometheus", [args.prometheus])
+            stats = PrometheusSource(allow=allow).read_stats(args.prometheus.rstrip("/"), queries, 10.0)
         except (SourceUnavailable, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -1,10 +1,13 @@
-"""The only module that talks to Prometheus: instant queries over its HTTP API.
+"""The scaler's reads of Prometheus: instant queries through the one shared client,
+:func:`sluiceway_core.promclient.instant_query`.
 
-Blocking I/O through :func:`sluiceway_core.httpget.http_get`: one GET per query, a hard deadline of
-``timeout`` seconds over the whole exchange (a slow or trickling server cannot hold a worker longer),
-answers capped at 4 MiB, no retries, no proxies from the environment. The caller (a gRPC worker
-thread, or the planner CLI) decides what to do with a failure. A :class:`PrometheusSource` keeps no
-connection or client per address, so nothing accumulates; it is safe to share between threads.
+Blocking I/O: one GET per query with a hard deadline of ``timeout`` seconds over the whole exchange (a
+slow or trickling server cannot hold a worker longer), answers capped at 4 MiB, no retries, no proxies
+from the environment, and only addresses on the source's allow-list (checked again here, after the
+service's own check, before any connection). Error messages and log lines name the address and the
+kind of failure, never the answer's bytes. The caller (a gRPC worker thread, or the planner CLI)
+decides what to do with a failure. A :class:`PrometheusSource` keeps no connection or client per
+address, so nothing accumulates; it is safe to share between threads.
 
 Every series is selected by the labels the scrape config sets on an InferenceService's pods:
 ``namespace="<ns>", inferenceservice="<name>"``.
@@ -18,17 +21,16 @@ observations); it is reported as ``wait_p95=None`` with ``ok=True``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
-from sluiceway_core.httpget import FetchError, http_get
 from sluiceway_core.policy import Signals
+from sluiceway_core.promclient import MAX_ANSWER_BYTES, PromError, PromGarbage, instant_query
 from sluiceway_core.signals import Queries
+from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
 from sluiceway_scaler.metrics import ScalerMetrics
@@ -36,9 +38,6 @@ from sluiceway_scaler.metrics import ScalerMetrics
 __all__ = ["MAX_ANSWER_BYTES", "PrometheusSource", "Queries", "ServiceStats"]
 
 log = logging.getLogger(__name__)
-
-#: Larger answers are garbage for a one-sample query.
-MAX_ANSWER_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,9 @@ class ServiceStats:
 
 
 class PrometheusSource:
-    def __init__(self, metrics: ScalerMetrics | None = None) -> None:
+    def __init__(self, metrics: ScalerMetrics | None = None, *, allow: UrlAllowList) -> None:
         self._metrics = metrics
+        self._allow = allow
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
@@ -62,25 +62,24 @@ class PrometheusSource:
     def scalar(self, address: str, query: str, timeout: float) -> float | None:
         """One instant query that returns at most one element. ``None`` for an empty result.
 
-        Raises :class:`SourceUnavailable` on connection errors, the deadline and non-200 answers,
-        and its subclass :class:`SourceGarbage` when the answer is not an instant vector of at most
-        one numeric sample (not JSON, wrong shapes, several series, a value that is not a number).
-        NaN and +-Inf come back as they are; the caller decides.
+        Raises :class:`SourceUnavailable` on an address off the allow-list, connection errors, the
+        deadline and non-200 answers, and its subclass :class:`SourceGarbage` when the answer is not
+        an instant vector of at most one numeric sample (not JSON, wrong shapes, several series, a
+        value that is not a number). NaN and +-Inf come back as they are; the caller decides.
         """
-        url = f"{address.rstrip('/')}/api/v1/query?{urlencode({'query': query})}"
         try:
-            status, body = http_get(url, timeout, MAX_ANSWER_BYTES)
-        except FetchError as e:
+            result = instant_query(address, query, allow=self._allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
+        except PromGarbage as e:
             self._count("error")
-            raise SourceUnavailable(f"prometheus at {address}: {e}") from e
-        if status != 200:
+            raise SourceGarbage(str(e)) from e
+        except PromError as e:
             self._count("error")
-            raise SourceUnavailable(f"prometheus at {address}: HTTP {status}: {body[:200]!r}")
+            raise SourceUnavailable(str(e)) from e
         try:
-            value = _sample(_result(body))
-        except (ValueError, TypeError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            value = _sample(result)
+        except (ValueError, TypeError) as e:
             self._count("error")
-            raise SourceGarbage(f"prometheus at {address}: {e} (query {query})") from e
+            raise SourceGarbage(f"Prometheus at {address}: {e}") from e
         if value is None:
             self._count("empty")
             return None
@@ -145,32 +144,20 @@ class PrometheusSource:
         )
 
 
-def _result(body: bytes) -> Any:
-    """``data.result`` of a successful instant-vector answer; raises ValueError/TypeError otherwise."""
-    doc = json.loads(body)
-    if not isinstance(doc, dict) or doc.get("status") != "success":
-        raise ValueError(f"not a successful query answer: {body[:120]!r}")
-    data = doc.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector":
-        raise TypeError(f"not an instant vector: {str(data)[:120]}")
-    return data.get("result")
-
-
-def _sample(result: Any) -> float | None:
-    """The value of an instant vector with at most one sample; raises on any other shape."""
-    if not isinstance(result, list):
-        raise TypeError(f"result is a {type(result).__name__}, not a vector")
+def _sample(result: list[dict[str, Any]]) -> float | None:
+    """The value of an instant vector with at most one sample; raises ValueError/TypeError with a
+    message that names the shape, never the answer's bytes."""
     if not result:
         return None
     if len(result) != 1:
         raise ValueError(f"query returned {len(result)} series, expected one")
-    sample = result[0]
-    if not isinstance(sample, dict) or not isinstance(sample.get("value"), list) or len(sample["value"]) != 2:
-        raise TypeError(f"sample is not {{metric, value: [time, number]}}: {str(sample)[:80]}")
-    raw = sample["value"][1]
+    raw = result[0]["value"][1]
     if not isinstance(raw, str):
-        raise TypeError(f"sample value {raw!r} is not a string")
-    return float(raw)  # Prometheus writes NaN, +Inf, -Inf as such; float() reads them
+        raise TypeError(f"the sample value is a {type(raw).__name__}, not a string")
+    try:
+        return float(raw)  # Prometheus writes NaN, +Inf, -Inf as such; float() reads them
+    except ValueError:
+        raise ValueError("the sample value is not a number") from None
 
 
 def _finite(x: float | None) -> float | None:

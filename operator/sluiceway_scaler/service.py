@@ -65,6 +65,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from sluiceway_core.policy import Decision, HistoryEntry, ScaleHistory, Signals, desired_replicas
 from sluiceway_core.signals import Queries
+from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
@@ -175,9 +176,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         max_streams: int | None = None,
     ) -> None:
         self._metrics = metrics
-        self._source = source or PrometheusSource(metrics)
         self._clock = clock
         self._allowed = allowed if allowed is not None else AllowList()
+        self._source = source or PrometheusSource(metrics, allow=UrlAllowList(self._allowed.prometheus))
         self._ttl = signal_ttl
         self._forget_after = forget_after
         self._lock = threading.Lock()

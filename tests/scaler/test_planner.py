@@ -105,4 +105,4 @@ def test_cli_bad_input_and_unreachable_prometheus() -> None:
     r = _cli("--target-wait-p95", "1s", "--service-time", "20ms")
     assert r.returncode == 2 and "--arrival-rate" in r.stderr
     r = _cli("--target-wait-p95", "1s", "--prometheus", "http://127.0.0.1:9", "--inference-service", "x")
-    assert r.returncode == 2 and "prometheus at http://127.0.0.1:9" in r.stderr
+    assert r.returncode == 2 and "prometheus at http://127.0.0.1:9" in r.stderr.lower()

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from scaler_support import INFER_BODY, NAMESPACE, SERVICE, Load, Pod, Prometheus, Scaler, ref
 from sluiceway_core.policy import Signals
+from sluiceway_core.urls import UrlAllowList
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler.prom import PrometheusSource, Queries
 
@@ -70,7 +71,7 @@ def wait_for(pred: Callable[[], bool], seconds: float, what: str, every: float =
 
 def prom_depth(prom: Prometheus) -> float | None:
     q = Queries.build(NAMESPACE, SERVICE, "5s")
-    return PrometheusSource().scalar(prom.url, q.queue_depth, 2.0)
+    return PrometheusSource(allow=UrlAllowList.build("test", [prom.url])).scalar(prom.url, q.queue_depth, 2.0)
 
 
 def pod_idle(pod: Pod) -> bool:
@@ -139,7 +140,8 @@ def test_load_step_scales_up_fast_and_down_only_after_window(
 
     # The signals behind it are real: backlog, wait p95 and both rates from Prometheus.
     def read() -> tuple[Signals, int | None]:
-        return PrometheusSource().read_signals(prometheus.url, Queries.build(NAMESPACE, SERVICE, "5s"), 2)
+        source = PrometheusSource(allow=UrlAllowList.build("test", [prometheus.url]))
+        return source.read_signals(prometheus.url, Queries.build(NAMESPACE, SERVICE, "5s"), 2)
 
     # rate() needs two scrapes of a series inside its window: give the histogram a few seconds
     wait_for(lambda: read()[0].wait_p95 is not None, 5, "a wait p95 under load")

@@ -137,3 +137,62 @@ def test_state_is_bounded_whatever_names_callers_send(dead_prometheus: str) -> N
         service.stop()
         channel.close()
         server.stop(2).wait()
+
+
+class _Leaky:
+    """A 'Prometheus' whose answers carry a secret: HTTP 500, not JSON, and a non-numeric sample."""
+
+    SECRET = "AKIA-SECRET-7f3e"
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+        self.mode = "http500"
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                secret = owner.SECRET
+                if owner.mode == "http500":
+                    status, body = 500, f"internal: {secret}".encode()
+                elif owner.mode == "notjson":
+                    status, body = 200, f"<html>{secret}</html>".encode()
+                else:
+                    doc = ('{"status":"success","data":{"resultType":"vector","result":'
+                           f'[{{"metric":{{}},"value":[1,"{secret}"]}}]}}}}')
+                    status, body = 200, doc.encode()
+                self.send_response(status)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        import threading
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("mode", ["http500", "notjson", "sample"])
+def test_no_answer_bytes_in_errors_or_logs(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    leaky = _Leaky()
+    leaky.mode = mode
+    try:
+        with start_scaler(prometheus=(leaky.url,)) as s:
+            req = pb.GetMetricsRequest(scaledObjectRef=ref(**md(leaky.url)), metricName="")
+            with pytest.raises(grpc.RpcError) as e:
+                s.stub.GetMetrics(req, timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "prometheus" in (e.value.details() or "").lower()
+            assert _Leaky.SECRET not in (e.value.details() or "")
+        assert caplog.records, "the failure is logged"
+        assert not [r.getMessage() for r in caplog.records if _Leaky.SECRET in r.getMessage()]
+    finally:
+        leaky.close()
