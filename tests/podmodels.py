@@ -108,3 +108,9 @@ class ChaosRunner(_EchoRunner):
 
 def chaos_runner() -> ChaosRunner:
     return ChaosRunner()
+
+
+def mlp_16_4() -> torch.nn.Module:
+    """The module a safetensors weights file fills (``podmodels:mlp_16_4@/path/model.safetensors``):
+    16 -> 32 -> 4, weights left as initialised (the file must set every one)."""
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))

@@ -8,7 +8,15 @@ Specs:
     ``demo``                a small MLP built deterministically at start (seeded), 16 -> 4, no download
     ``synthetic:<ms>``      holds the device for exactly ``ms`` per forward pass; output = input
     ``/path/model.pt``      a TorchScript file (``torch.jit.load``)
+    ``/path/model.pt2``     a ``torch.export`` program (``torch.export.load``)
+    ``/path/model.onnx``    ONNX through ``onnxruntime`` (CPU provider, CUDA provider on a CUDA device)
+    ``/path/dir``           the one model file in the directory (where ``sluiceway-pod fetch`` put it)
+    ``mod:factory@/path/model.safetensors``  ``factory()`` builds the module, the file fills its weights
     ``module:factory``      ``factory()`` returns a ``torch.nn.Module`` or a ready runner object
+
+The format of a file is read from its content (see :mod:`sluiceway_pod.formats`); inputs and outputs
+come from the model where the format carries them (ONNX, ``.pt2``), and ``model.inputs``/``outputs``
+override them.
 
 Concurrency: runners are called from at most ``permits`` worker threads at once; the torch ones run
 under ``torch.inference_mode`` and move outputs to the CPU before returning.
@@ -114,12 +122,15 @@ def _split(outputs: Tensors, rows: list[int]) -> list[Tensors]:
 class TorchRunner:
     """Wraps a ``torch.nn.Module`` (or TorchScript module) taking positional tensors."""
 
-    def __init__(self, module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str) -> None:
+    def __init__(
+        self, module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str, eval_mode: bool = True
+    ) -> None:
         import torch
 
         self._torch = torch
         self.device = device
-        self.module = module.to(device).eval() if hasattr(module, "to") else module
+        moved = module.to(device) if hasattr(module, "to") else module
+        self.module = moved.eval() if eval_mode and hasattr(moved, "eval") else moved
         self.inputs = inputs
         self.outputs = outputs
 
@@ -196,16 +207,31 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
     dev = device or pick_device()
     if spec == "demo":
         return TorchRunner(build_demo_module(), _specs(mc.inputs, DEMO_INPUTS), _specs(mc.outputs, DEMO_OUTPUTS), dev)
-    if spec.endswith((".pt", ".pth", ".ts", ".torchscript")) or "/" in spec:
+    from . import formats
+
+    generic = ([TensorSpec("INPUT0", "FP32", (-1, -1))], [TensorSpec("OUTPUT0", "FP32", (-1, -1))])
+    weighted = formats.split_safetensors_spec(spec)
+    if weighted is not None:
+        module = formats.load_safetensors(weighted[0], weighted[1], dev)
+        return TorchRunner(module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev)
+    if spec.endswith(tuple(formats.MODEL_SUFFIXES)) or "/" in spec:
+        path = formats.resolve_model_file(spec)
+        kind = formats.detect_format(path)
+        if kind == "onnx":
+            onnx = formats.OnnxRunner(path, dev)
+            onnx.inputs, onnx.outputs = _specs(mc.inputs, onnx.inputs), _specs(mc.outputs, onnx.outputs)
+            return onnx
+        if kind == "torch-export":
+            module, ins, outs = formats.load_export(path, dev)
+            return TorchRunner(module, _specs(mc.inputs, ins), _specs(mc.outputs, outs), dev, eval_mode=False)
+        if kind == "safetensors":
+            raise formats.ModelFormatError(
+                f"{path} holds weights only: name the module that takes them, module:factory@{path}"
+            )
         import torch
 
-        module = torch.jit.load(spec, map_location=dev)  # type: ignore[no-untyped-call]
-        return TorchRunner(
-            module,
-            _specs(mc.inputs, [TensorSpec("INPUT0", "FP32", (-1, -1))]),
-            _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]),
-            dev,
-        )
+        module = torch.jit.load(path, map_location=dev)  # type: ignore[no-untyped-call]
+        return TorchRunner(module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev)
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(mod_name), attr)
@@ -221,7 +247,10 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
             _specs(mc.outputs, [TensorSpec("OUTPUT0", "FP32", (-1, -1))]),
             dev,
         )
-    raise ValueError(f"unknown model spec {spec!r}: use demo, synthetic:<ms>, a TorchScript path or module:factory")
+    raise ValueError(
+        f"unknown model spec {spec!r}: use demo, synthetic:<ms>, a model file or directory (.pt, .pt2, .onnx), "
+        "module:factory@weights.safetensors or module:factory"
+    )
 
 
 def example_request(specs: Sequence[TensorSpec], rows: int = 1) -> Tensors:
