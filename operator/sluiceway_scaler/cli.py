@@ -6,7 +6,8 @@ stops the server with a grace period.
 
 Security flags (docs/autoscaling.md): ``--allowed-prometheus URL`` and ``--allowed-pod-metrics URL``
 (repeatable; with none, every address is refused), ``--tls-cert``/``--tls-key`` (TLS) and
-``--tls-ca`` (mutual TLS: clients must present a certificate signed by it).
+``--tls-ca`` (mutual TLS: clients must present a certificate signed by it), ``--quota-key-file`` (the
+key that signs the operator's quota charters; read once at start, its content never logged).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
+from sluiceway_core.quota_charter import load_key
 
 from sluiceway_scaler.access import AllowList
 from sluiceway_scaler.metrics import ScalerMetrics
@@ -45,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--quota-port", type=int, default=-1,
                    help="serve the tenant-quota lease coordinator (HTTP) on this port (-1 disables; 0 picks one)")
     s.add_argument("--quota-lease-seconds", type=float, default=3.0, help="quota lease period (default 3)")
+    s.add_argument("--quota-key-file", type=Path,
+                   help="the quota key (>= 32 bytes) that signs the operator's quota charters; without it the "
+                        "coordinator refuses every lease (chart: /etc/sluiceway/quota-key/key)")
     s.add_argument("--allowed-prometheus", action="append", default=[], metavar="URL",
                    help="a Prometheus base URL triggers may name in prometheusAddress (repeatable; "
                         "exact match after normalising; with none, every address is refused)")
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         allowed = AllowList.build(args.allowed_prometheus, args.allowed_pod_metrics)
         tls = _tls(args)
+        quota_key = load_key(args.quota_key_file) if args.quota_key_file is not None else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     # Printed on stdout so that tests and scripts can find a port picked with --port 0.
     print(f"sluiceway-scaler listening on {args.host}:{port}", flush=True)
     if args.quota_port >= 0:  # tenant quotas (issue 11): see sluiceway_scaler.quota_server
-        _quota, qport, _ = serve_quota(QuotaCoordinator(args.quota_lease_seconds), args.host, args.quota_port)
+        coordinator = QuotaCoordinator(args.quota_lease_seconds, key=quota_key)
+        _quota, qport, _ = serve_quota(coordinator, args.host, args.quota_port)
         print(f"sluiceway-scaler quota coordinator listening on {args.host}:{qport}", flush=True)
     if not allowed.prometheus:
         log.warning("no --allowed-prometheus: every trigger's prometheusAddress is refused")
