@@ -8,60 +8,49 @@ caps hold this pod's *share* of each tenant's quota, set by :meth:`TenantRegistr
 a lease (:mod:`sluiceway_pod.quota_client`); before the first lease and when a lease runs out the
 share is ``quota / replicas`` (:func:`sluiceway_core.quota.fallback_share`).
 
-Keys never leave this module: the key file holds SHA-256 hashes only, a presented key is hashed and
-compared against every stored hash with :func:`hmac.compare_digest` (no early exit), and only the
-tenant *name* is returned.
+Keys never leave this module: the key file holds salted hashes only (HMAC-SHA256 with the service's
+salt, :mod:`sluiceway_core.keys`), a presented key is hashed once and compared against every stored
+hash with :func:`hmac.compare_digest` (no early exit), only the tenant *name* is returned, and a
+refusal says the same for every wrong key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluiceway_core.config import TenantLimits, TenantsConfig
+from sluiceway_core.keys import KeyFile, parse_keys_text
 from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
 
 from .clock import Clock
 from .errors import InvalidInput, Unauthenticated
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 OTHER = "other"
 
 
-def parse_keys_file(text: str) -> list[tuple[str, str]]:
-    """Lines ``<sha256-hex> <tenant>``; blank lines and ``#`` comments are ignored."""
-    entries = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) != 2 or not _HEX64.match(parts[0].lower()):
-            raise ValueError(f"keys file line {n}: expected '<sha256-hex> <tenant>'")
-        entries.append((parts[0].lower(), parts[1]))
-    return entries
+def parse_keys_file(text: str) -> KeyFile:
+    """The keys file (:func:`sluiceway_core.keys.parse_keys_text`): an ``hmac-sha256 <salt>`` line
+    and ``<hmac-hex> <tenant>`` lines (what the operator renders), or plain ``<sha256-hex> <tenant>``
+    lines (hand-written); blank lines and ``#`` comments are ignored. Raises ValueError."""
+    return parse_keys_text(text)
 
 
 class KeyStore:
-    def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
-        self._entries = [(bytes.fromhex(h), t) for h, t in entries]
+    """Presented key -> tenant name. One hash per lookup, compared against every entry with
+    :func:`hmac.compare_digest` and no early exit (:meth:`sluiceway_core.keys.KeyFile.lookup`)."""
+
+    def __init__(self, keys: KeyFile | None = None) -> None:
+        self._file = keys if keys is not None else KeyFile(None, ())
 
     @classmethod
     def from_file(cls, path: str) -> KeyStore:
         return cls(parse_keys_file(Path(path).read_text(encoding="utf-8")))
 
     def lookup(self, key: str) -> str | None:
-        digest = hashlib.sha256(key.encode("utf-8")).digest()
-        found: str | None = None
-        for stored, tenant in self._entries:  # no early exit: constant time in the number of keys
-            if hmac.compare_digest(stored, digest):
-                found = tenant
-        return found
+        return self._file.lookup(key)
 
 
 class TokenBucket:
@@ -127,7 +116,7 @@ class TenantRegistry:
         #: anonymous and unlisted tenants without an explicit ``maxPriority`` are capped here
         self._default_rank = priority_classes.index(default_priority)
         self._clock = clock
-        self._keys = KeyStore.from_file(config.keys_file) if config.keys_file else KeyStore([])
+        self._keys = KeyStore.from_file(config.keys_file) if config.keys_file else KeyStore()
         self._listed = {t.name: t for t in config.tenants}
         self._tenants: dict[str, Tenant] = {}
         self._buckets: dict[str, TokenBucket] = {}

@@ -34,7 +34,16 @@ from kubernetes.client.exceptions import ApiException
 
 from . import FIELD_MANAGER, GROUP, KIND, VERSION
 
-__all__ = ["REPLICAS_MANAGER", "ApiError", "Kube", "SecretProblem", "controlled_by", "is_refusal"]
+__all__ = [
+    "REPLICAS_MANAGER",
+    "TENANT_KEY_LABEL",
+    "TENANT_KEY_REASON",
+    "ApiError",
+    "Kube",
+    "SecretProblem",
+    "controlled_by",
+    "is_refusal",
+]
 
 #: Field manager of the Deployment's ``spec.replicas`` (engines none and builtin).
 REPLICAS_MANAGER = f"{FIELD_MANAGER}-replicas"
@@ -84,6 +93,12 @@ def _owns_replicas(obj: Mapping[str, Any], manager: str) -> bool:
         if entry.get("manager") == manager and entry.get("operation") == "Apply" and "f:replicas" in fields:
             return True
     return False
+
+
+#: The opt-in label a Secret needs before ``tenants[].keySecretRef`` may read it.
+TENANT_KEY_LABEL = "sluiceway.io/tenant-key"
+#: The one condition reason for any unusable ``keySecretRef``.
+TENANT_KEY_REASON = "TenantKeyUnavailable"
 
 
 @dataclass(frozen=True)
@@ -218,22 +233,27 @@ class Kube:
     # -- inputs ---------------------------------------------------------------------------------
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | SecretProblem:
-        """The decoded value (trailing whitespace stripped), or why it cannot be used."""
+        """The decoded value (trailing whitespace stripped) of a tenant-key Secret, or one generic
+        problem. Only Secrets labelled ``sluiceway.io/tenant-key: "true"`` are read (the label is
+        the Secret owner's consent); the message is the same whether the Secret is missing,
+        unlabelled, lacks the key or holds no usable value, so a status never tells which Secrets
+        and keys exist."""
+        problem = SecretProblem(
+            TENANT_KEY_REASON,
+            f"keySecretRef {name}/{key} cannot be used: it must name a Secret labelled "
+            f'{TENANT_KEY_LABEL}: "true" that holds a non-empty UTF-8 value under that key',
+        )
         obj = self.get("v1", "Secret", namespace, name)
-        if obj is None:
-            return SecretProblem("SecretNotFound", f"Secret {namespace}/{name} does not exist")
+        if obj is None or ((obj.get("metadata") or {}).get("labels") or {}).get(TENANT_KEY_LABEL) != "true":
+            return problem
         data = obj.get("data") or {}
         if key not in data:
-            return SecretProblem("SecretKeyNotFound", f"Secret {namespace}/{name} has no key {key!r}")
+            return problem
         try:
             value = base64.b64decode(data[key]).decode("utf-8").rstrip()
         except (ValueError, UnicodeDecodeError):
-            return SecretProblem(
-                "SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text"
-            )
-        if not value:
-            return SecretProblem("SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is empty")
-        return value
+            return problem
+        return value or problem
 
     def crd_exists(self, name: str) -> bool:
         """Whether a CRD is installed (cached for ``crd_cache_seconds``)."""

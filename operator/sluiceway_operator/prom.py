@@ -1,54 +1,60 @@
-"""Prometheus: a small blocking query client. The PromQL itself is :mod:`sluiceway_core.signals`.
+"""Prometheus readings of the operator, through the one client of every component
+(:func:`sluiceway_core.promclient.instant_query`). The PromQL itself is :mod:`sluiceway_core.signals`.
 
-:func:`query_scalar` and :func:`query_vector` do blocking HTTP with a timeout; the kopf handlers run it in kopf's thread
-pool (they are sync handlers), never on the event loop.
+Every query is checked against the operator's allow-list before any connection (a spec's
+``autoscaling.prometheusAddress`` is written by the object's author), has a total deadline (a server
+that trickles bytes cannot hold a loop worker past it) and a size cap, and fails with
+:class:`~sluiceway_core.promclient.PromError`, whose message never contains what the server sent, so
+nothing read from an arbitrary server reaches a status, an Event or a log line.
+
+Concurrency: blocking and stateless; the tickers' worker threads call it, never the event loop.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.parse
-import urllib.request
-from typing import Any
 
-__all__ = ["PrometheusError", "query_scalar", "query_vector"]
+from sluiceway_core.promclient import PromError, PromGarbage, instant_query
+from sluiceway_core.urls import UrlAllowList
+
+__all__ = ["MAX_ANSWER_BYTES", "PrometheusError", "query_scalar", "query_vector"]
+
+#: The operator's cap on one answer: its queries answer a handful of series (the operator runs in
+#: 256 MiB with four loop workers).
+MAX_ANSWER_BYTES = 1 << 20
+
+#: Every failure of a query (the shared client's error taxonomy).
+PrometheusError = PromError
 
 
-class PrometheusError(RuntimeError):
-    """Prometheus could not be queried or answered something unusable."""
-
-
-def _instant(base_url: str, promql: str, timeout: float) -> list[dict[str, Any]]:
-    url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def _value(sample: dict[str, object], where: str) -> float:
+    raw = sample["value"]
+    assert isinstance(raw, list)  # instant_query checked the shape
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            payload = json.loads(resp.read())
-    except (OSError, ValueError) as err:
-        raise PrometheusError(f"query to {base_url} failed: {err}") from err
-    if payload.get("status") != "success":
-        raise PrometheusError(f"query to {base_url} failed: {payload.get('error', payload)}")
-    result: list[dict[str, Any]] = payload["data"]["result"]
-    return result
+        return float(raw[1])
+    except (TypeError, ValueError):
+        raise PromGarbage(f"Prometheus at {where}: a sample value is not a number") from None
 
 
-def query_scalar(base_url: str, promql: str, timeout: float = 5.0) -> float | None:
-    """Run an instant query. ``None`` when the result is empty, NaN or infinite; raises PrometheusError."""
-    result = _instant(base_url, promql, timeout)
+def query_scalar(address: str, promql: str, *, allow: UrlAllowList, timeout: float = 5.0) -> float | None:
+    """One instant query's first value; ``None`` when empty, NaN or infinite. Raises PromError."""
+    result = instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
     if not result:
         return None
-    value = float(result[0]["value"][1])
+    value = _value(result[0], address)
     return value if math.isfinite(value) else None  # NaN (nothing observed) and Inf (x/0) alike
 
 
-def query_vector(base_url: str, promql: str, label: str, timeout: float = 5.0) -> dict[str, float]:
-    """Run an instant query that answers one series per value of ``label`` (``sum by (label)``):
-    ``{label value: value}``, leaving out series without the label and NaN/infinite values.
-    Raises PrometheusError."""
+def query_vector(
+    address: str, promql: str, label: str, *, allow: UrlAllowList, timeout: float = 5.0
+) -> dict[str, float]:
+    """One series per value of ``label`` (``sum by (label)``): ``{label value: value}``, leaving out
+    series without the label and NaN/infinite values. Raises PromError."""
     out: dict[str, float] = {}
-    for series in _instant(base_url, promql, timeout):
-        key = (series.get("metric") or {}).get(label)
-        value = float(series["value"][1])
-        if key is not None and math.isfinite(value):
-            out[str(key)] = value
+    for series in instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES):
+        metric = series.get("metric")
+        key = metric.get(label) if isinstance(metric, dict) else None
+        value = _value(series, address)
+        if isinstance(key, str) and math.isfinite(value):
+            out[key] = value
     return out

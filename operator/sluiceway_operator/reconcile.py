@@ -24,6 +24,7 @@ conditions. A problem (ConfigValid=False) posts exactly one Warning Event until 
 
 from __future__ import annotations
 
+import base64
 import datetime
 import logging
 import threading
@@ -32,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluiceway_core.keys import hash_key
+from sluiceway_core.keys import hash_key, new_salt, parse_keys_text
 from sluiceway_core.policy import (
     ScaleDownPolicy,
     ScaleHistory,
@@ -55,8 +56,18 @@ from .kube import (
     controlled_by,
     is_refusal,
 )
+from .policy import POLICY_REASON, PROMETHEUS_REASON, check_policy
 from .prom import PrometheusError, query_scalar, query_vector
-from .render import Environment, Owner, build_replicas, clamp_replicas, endpoint_url, has_shared_quota, render
+from .render import (
+    KEYS_FILE,
+    Environment,
+    Owner,
+    build_replicas,
+    clamp_replicas,
+    endpoint_url,
+    has_shared_quota,
+    render,
+)
 from .settings import OperatorConfig
 from .spec import InferenceServiceSpec, SpecError, parse_spec
 from .status import Observed, TenantQuota, compute_status
@@ -232,7 +243,14 @@ class Reconciler:
             spec = parse_spec(raw_spec)
         except SpecError as err:
             return outcome(None, ("InvalidSpec", str(err)), previous_hash)
-        hashes = self._key_hashes(namespace, spec)
+        refused = check_policy(spec, self.config.policy, self.config.scaler_address)
+        if refused:
+            return outcome(spec, (POLICY_REASON, "; ".join(refused)), previous_hash)
+        address = spec.autoscaling.prometheus_address
+        if address and not self.config.prometheus_allow_list.allows(address):
+            return outcome(spec, (PROMETHEUS_REASON, self._prometheus_refusal(address)), previous_hash)
+        salt = self._salt(namespace, name, uid)
+        hashes = self._key_hashes(namespace, spec, salt)
         if isinstance(hashes, list):
             return outcome(spec, (hashes[0].reason, "; ".join(p.message for p in hashes)), previous_hash)
         env = Environment(
@@ -243,11 +261,12 @@ class Reconciler:
             scaler_authentication=self.config.scaler_authentication,
             quota_coordinator_url=self.config.quota_coordinator_url,
             quota_lease_seconds=self.config.quota_lease_seconds,
+            quota_key=self.config.quota_key,
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
         try:
-            rendered = render(owner, spec, hashes, env, replicas=current)
+            rendered = render(owner, spec, hashes, env, replicas=current, salt=salt)
         except SpecError as err:
             return outcome(spec, ("InvalidConfig", str(err)), previous_hash)
 
@@ -307,7 +326,30 @@ class Reconciler:
                 log.info("pruned %s %s/%s", kind, namespace, name)
         return outcome(spec, None, rendered.config_hash)
 
-    def _key_hashes(self, namespace: str, spec: InferenceServiceSpec) -> dict[str, str] | list[SecretProblem]:
+    def _prometheus_refusal(self, address: str) -> str:
+        return (
+            f"spec.autoscaling.prometheusAddress {address!r} is not on the operator's Prometheus allow-list "
+            f"({self.config.prometheus_allow_list.describe()}); add it to SLUICEWAY_ALLOWED_PROMETHEUS "
+            "(chart: operator.allowedPrometheusUrls) or leave the field empty"
+        )
+
+    def _salt(self, namespace: str, name: str, uid: str) -> bytes:
+        """The service's key salt: the one in the keys Secret this object rendered before (so the
+        hashes, and the pods, stay the same across reconciles), else a fresh one."""
+        secret = self.kube.get("v1", "Secret", namespace, f"{name}-keys")
+        if secret is not None and controlled_by(secret, uid):
+            try:
+                text = base64.b64decode((secret.get("data") or {}).get(KEYS_FILE, "")).decode()
+                salt = parse_keys_text(text).salt
+            except (ValueError, UnicodeDecodeError):
+                salt = None
+            if salt is not None:
+                return salt
+        return new_salt()
+
+    def _key_hashes(
+        self, namespace: str, spec: InferenceServiceSpec, salt: bytes
+    ) -> dict[str, str] | list[SecretProblem]:
         hashes: dict[str, str] = {}
         problems: list[SecretProblem] = []
         for tenant in spec.keyed_tenants:
@@ -317,7 +359,7 @@ class Reconciler:
             if isinstance(value, SecretProblem):
                 problems.append(SecretProblem(value.reason, f"tenant {tenant.name}: {value.message}"))
             else:
-                hashes[tenant.name] = hash_key(value)
+                hashes[tenant.name] = hash_key(value, salt)
         return problems or hashes
 
     # -- the signals path -----------------------------------------------------------------------
@@ -343,24 +385,33 @@ class Reconciler:
         prom_url = spec.autoscaling.prometheus_address or self.config.prometheus_url
         readings: dict[str, float | None] = {}
         prom_error: str | None = None
-        if prom_url:
+        allow = self.config.prometheus_allow_list
+        timeout = self.config.prometheus_timeout
+
+        def scalar(promql: str) -> float | None:
+            assert prom_url is not None
+            return query_scalar(prom_url, promql, allow=allow, timeout=timeout)
+
+        if prom_url and not allow.allows(prom_url):
+            prom_error = self._prometheus_refusal(prom_url)  # never fetched
+        elif prom_url:
             q = Queries.build(namespace, name)
             try:
                 readings = {
-                    "queue": query_scalar(prom_url, q.queue_depth),
-                    "wait": query_scalar(prom_url, q.wait_p95),
-                    "permits": query_scalar(prom_url, q.concurrency),
-                    "utilisation": query_scalar(prom_url, q.utilisation),
-                    "memory_bound": query_scalar(prom_url, q.memory_bound) if q.memory_bound else None,
+                    "queue": scalar(q.queue_depth),
+                    "wait": scalar(q.wait_p95),
+                    "permits": scalar(q.concurrency),
+                    "utilisation": scalar(q.utilisation),
+                    "memory_bound": scalar(q.memory_bound) if q.memory_bound else None,
                 }
                 if spec.autoscaling.engine == "builtin":  # the policy's demand term and ready pods
                     readings |= {
-                        "ready": query_scalar(prom_url, q.pods_up),
-                        "offered": query_scalar(prom_url, q.offered_rate),
-                        "completed": query_scalar(prom_url, q.completion_rate),
-                        "cost": query_scalar(prom_url, q.request_cost),
+                        "ready": scalar(q.pods_up),
+                        "offered": scalar(q.offered_rate),
+                        "completed": scalar(q.completion_rate),
+                        "cost": scalar(q.request_cost),
                     }
-            except PrometheusError as err:
+            except PrometheusError as err:  # its message never holds the answer's bytes
                 prom_error = str(err)
             if prom_error is None and spec.autoscaling.engine == "builtin" and readings.get("queue") is None:
                 prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
@@ -368,7 +419,13 @@ class Reconciler:
         if prom_url and prom_error is None and (spec.tenants or has_shared_quota(spec)):
             # its own read: a failure here leaves the rates unknown, never holds the builtin engine
             try:
-                admitted = query_vector(prom_url, Queries.build(namespace, name).tenant_admitted_rate, "tenant")
+                admitted = query_vector(
+                    prom_url,
+                    Queries.build(namespace, name).tenant_admitted_rate,
+                    "tenant",
+                    allow=allow,
+                    timeout=timeout,
+                )
             except PrometheusError as err:
                 log.warning("%s/%s: per-tenant admitted rates unavailable: %s", namespace, name, err)
         note: str | None = None

@@ -10,7 +10,9 @@ kind                      name                what
 ========================  ==================  ===============================================
 ConfigMap                 ``<name>-config``   the pod config (``config.yaml``), rendered and
                                               validated by :class:`sluiceway_core.config.PodConfig`
-Secret                    ``<name>-keys``     ``keys.txt``: ``<sha256-of-key> <tenant>`` lines
+Secret                    ``<name>-keys``     ``keys.txt``: the salt and ``<hmac-of-key> <tenant>``
+                                              lines; ``quota-token``: the quota charter's
+                                              signature (with the quota coordinator)
 Deployment                ``<name>``          the inference pods
 Service                   ``<name>``          ports ``http`` (8080) and ``metrics``
 PodDisruptionBudget       ``<name>``          ``maxUnavailable`` from the spec
@@ -29,6 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluiceway_core.config import ConfigError, PodConfig, build_config
+from sluiceway_core.keys import keys_text as salted_keys_text
+from sluiceway_core.quota import TenantQuota
+from sluiceway_core.quota_charter import QuotaCharter, sign_charter
 from sluiceway_core.signals import Queries
 from sluiceway_core.units import parse_duration, parse_quantity, parse_rate
 
@@ -50,6 +55,7 @@ __all__ = [
     "build_pdb",
     "build_pod_config",
     "build_quota",
+    "build_quota_charter",
     "build_replicas",
     "build_scaled_object",
     "build_service",
@@ -61,6 +67,7 @@ __all__ = [
     "has_shared_quota",
     "keys_text",
     "pod_labels",
+    "quota_token",
     "render",
     "scale_down_hpa_policies",
     "termination_grace_seconds",
@@ -74,6 +81,10 @@ CONFIG_DIR = "/etc/sluiceway"
 CONFIG_FILE = "config.yaml"
 KEYS_DIR = "/var/run/secrets/sluiceway"
 KEYS_FILE = "keys.txt"
+#: The quota charter's signature in the ``<name>-keys`` Secret (mounted with it under KEYS_DIR).
+QUOTA_TOKEN_KEY = "quota-token"
+#: The Deployment's ``maxSurge``: pods beyond the replica count during a rollout.
+MAX_SURGE = 1
 CONFIG_HASH_ANNOTATION = "sluiceway.io/config-hash"
 INSTANCE_LABEL = "sluiceway.io/inferenceservice"
 RUN_AS = 65532
@@ -113,6 +124,9 @@ class Environment:
     quota_coordinator_url: str | None = None
     #: The coordinator's lease period in seconds (the scaler's ``--quota-lease-seconds``).
     quota_lease_seconds: float = 3.0
+    #: The key that signs quota charters (shared with the coordinator only); required with
+    #: ``quota_coordinator_url``. Never printed.
+    quota_key: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -184,6 +198,32 @@ def has_shared_quota(spec: InferenceServiceSpec) -> bool:
     )
 
 
+def _max_pods(spec: InferenceServiceSpec) -> int:
+    """The most pods of the Deployment at once: ``replicas`` (engine none) or ``maxReplicas``, plus
+    the rollout's surge."""
+    a = spec.autoscaling
+    return max(1, spec.replicas if a.engine == "none" else a.max_replicas) + MAX_SURGE
+
+
+def build_quota_charter(owner: Owner, spec: InferenceServiceSpec) -> QuotaCharter | None:
+    """The operator's signed view of the service's quotas (:mod:`sluiceway_core.quota_charter`): the
+    quota of every tenant a pod can serve (listed tenants with their own limits, the anonymous
+    tenant with ``access.defaults`` when anonymous access is on and it is not listed), as the pod
+    computes them (``TenantRegistry.quotas``); None when no tenant has a quota."""
+    quotas: dict[str, TenantQuota] = {}
+    for tn in spec.tenants or []:
+        quotas[tn.name] = TenantQuota(parse_rate(tn.rate) if tn.rate else None, tn.burst, tn.max_concurrent)
+    access = spec.access
+    anonymous = access.allow_anonymous if access.allow_anonymous is not None else not spec.keyed_tenants
+    if anonymous and access.anonymous_tenant not in quotas:
+        d = access.defaults
+        quotas[access.anonymous_tenant] = TenantQuota(parse_rate(d.rate) if d.rate else None, d.burst, d.max_concurrent)
+    quotas = {t: q for t, q in quotas.items() if q.rate is not None or q.max_concurrent is not None}
+    if not quotas:
+        return None
+    return QuotaCharter(f"{owner.namespace}/{owner.name}", quotas, _max_pods(spec))
+
+
 def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any] | None:
     """The pod config's ``quota`` section, or None (no coordinator, or no quota to share).
 
@@ -194,16 +234,37 @@ def build_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> d
     tests/quota/test_quota_with_autoscaling.py). Never the live count: it is in the config, whose
     hash rolls the pods, and a count that follows scaling would roll them on every scale. After its
     first lease a pod divides by the count the coordinator reports.
+
+    ``charter`` is :func:`build_quota_charter` (public: the quotas are in the spec anyway); its
+    signature, :func:`quota_token`, goes into the pod's Secret only, read from ``token_file``.
     """
     if env.quota_coordinator_url is None or not has_shared_quota(spec):
         return None
+    charter = build_quota_charter(owner, spec)
     a = spec.autoscaling
-    return {
+    out: dict[str, Any] = {
         "coordinator_url": env.quota_coordinator_url,
         "service": f"{owner.namespace}/{owner.name}",
         "lease_seconds": env.quota_lease_seconds,
         "assumed_replicas": max(1, spec.replicas if a.engine == "none" else a.max_replicas),
+        "token_file": f"{KEYS_DIR}/{QUOTA_TOKEN_KEY}",
     }
+    if charter is not None:
+        out["charter"] = charter.to_json()
+    return out
+
+
+def quota_token(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> str | None:
+    """The charter's signature (a secret of this service: the ``<name>-keys`` Secret only), or None
+    when the pod config has no charter. Raises :class:`SpecError` when there is no key."""
+    if env.quota_coordinator_url is None or not has_shared_quota(spec):
+        return None
+    charter = build_quota_charter(owner, spec)
+    if charter is None:
+        return None
+    if env.quota_key is None:
+        raise SpecError("the operator has no quota key (SLUICEWAY_QUOTA_KEY_FILE) to sign the quota charter")
+    return sign_charter(env.quota_key, charter)
 
 
 def build_tensor(tensor: OutputTensorSpec) -> dict[str, Any]:
@@ -303,9 +364,14 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         raise SpecError(f"the pod config is invalid: {err}") from None
 
 
-def keys_text(key_hashes: Mapping[str, str]) -> str:
-    """``keys.txt``: one ``<sha256-hex> <tenant>`` line per tenant, sorted by tenant."""
-    return "".join(f"{digest} {tenant}\n" for tenant, digest in sorted(key_hashes.items()))
+def keys_text(key_hashes: Mapping[str, str], salt: bytes | None) -> str:
+    """``keys.txt`` (:func:`sluiceway_core.keys.keys_text`): the salt line and one
+    ``<hmac-hex> <tenant>`` line per tenant, sorted by tenant; empty when no tenant has a key."""
+    if not key_hashes:
+        return ""
+    if salt is None:
+        raise SpecError("tenant key hashes need the service's salt")
+    return salted_keys_text(salt, key_hashes)
 
 
 def config_hash(config_yaml: str, keys: str) -> str:
@@ -326,14 +392,18 @@ def build_config_map(owner: Owner, config_yaml: str) -> dict[str, Any]:
     }
 
 
-def build_keys_secret(owner: Owner, keys: str) -> dict[str, Any]:
-    """Key hashes only (never the keys). Always present so the pod template never changes shape."""
+def build_keys_secret(owner: Owner, keys: str, token: str | None = None) -> dict[str, Any]:
+    """Key hashes only (never the keys), and the quota charter's signature when there is one.
+    Always present so the pod template never changes shape."""
+    data = {KEYS_FILE: base64.b64encode(keys.encode()).decode()}
+    if token is not None:
+        data[QUOTA_TOKEN_KEY] = base64.b64encode(token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _metadata(owner, f"{owner.name}-keys"),
         "type": "Opaque",
-        "data": {KEYS_FILE: base64.b64encode(keys.encode()).decode()},
+        "data": data,
     }
 
 
@@ -717,16 +787,20 @@ def render(
     key_hashes: Mapping[str, str],
     env: Environment,
     replicas: int | None = None,
+    salt: bytes | None = None,
 ) -> Rendered:
     """All children, in apply order (config first, Deployment after what it mounts).
 
     ``replicas`` is the builtin engine's current decision (clamped to the spec's bounds;
     ``minReplicas`` when None); engine ``none`` uses ``spec.replicas``; keda and prometheus leave
-    the count to the HPA (``Rendered.replicas`` is None). Raises :class:`SpecError`.
+    the count to the HPA (``Rendered.replicas`` is None). ``key_hashes`` are
+    ``sluiceway_core.keys.hash_key(key, salt)``; ``salt`` is needed when there are any. Raises
+    :class:`SpecError`.
     """
     cfg = build_pod_config(owner, spec, env)
     cfg_yaml = cfg.to_yaml()
-    keys = keys_text(key_hashes)
+    keys = keys_text(key_hashes, salt)
+    token = quota_token(owner, spec, env)
     digest = config_hash(cfg_yaml, keys)
     engine = spec.autoscaling.engine
     owned_replicas: int | None
@@ -738,7 +812,7 @@ def render(
         owned_replicas = None
     manifests = [
         build_config_map(owner, cfg_yaml),
-        build_keys_secret(owner, keys),
+        build_keys_secret(owner, keys, token),
         build_deployment(owner, spec, digest, pod_name_env=cfg.quota is not None),
         build_service(owner),
         build_pdb(owner, spec),

@@ -7,7 +7,11 @@ Environment variables: ``SLUICEWAY_NAMESPACES`` (comma-separated; empty = cluste
 ClusterTriggerAuthentication KEDA uses for the scaler's mutual TLS), ``SLUICEWAY_LIVENESS`` (a URL such as
 ``http://0.0.0.0:8081/healthz``), ``SLUICEWAY_QUOTA_COORDINATOR_URL`` (the scaler's tenant-quota lease
 coordinator; set: tenant quotas hold for the whole service) and ``SLUICEWAY_QUOTA_LEASE_SECONDS`` (its
-lease period, as the scaler's ``--quota-lease-seconds``).
+lease period, as the scaler's ``--quota-lease-seconds``), ``SLUICEWAY_QUOTA_KEY_FILE`` (the key that
+signs each service's quota charter; required with the coordinator URL), ``SLUICEWAY_ALLOWED_PROMETHEUS``
+(comma-separated Prometheus base URLs a spec's ``autoscaling.prometheusAddress`` may name;
+``SLUICEWAY_PROMETHEUS_URL`` is always allowed), ``SLUICEWAY_PROMETHEUS_TIMEOUT`` (seconds, the whole of
+one query) and the policy's ``SLUICEWAY_ALLOWED_*`` lists (:mod:`.policy`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from sluiceway_core.quota_charter import load_key
+from sluiceway_core.urls import UrlAllowList
+
+from .policy import Policy, policy_from_env
 
 __all__ = ["DOMAIN", "OperatorConfig", "apply_kopf_settings", "config_from_env"]
 
@@ -44,11 +52,34 @@ class OperatorConfig:
     quota_coordinator_url: str | None = None
     #: The coordinator's lease period (chart: ``scaler.quota.leaseSeconds``).
     quota_lease_seconds: float = 3.0
+    #: Signs each service's quota charter (``sluiceway_core.quota_charter``); required with
+    #: ``quota_coordinator_url``. Never printed (``repr=False``).
+    quota_key: bytes | None = field(default=None, repr=False)
+    #: Prometheus base URLs a spec may name besides ``prometheus_url`` (always allowed).
+    allowed_prometheus: tuple[str, ...] = ()
+    #: The whole of one Prometheus query (connect, send, read), seconds.
+    prometheus_timeout: float = 5.0
+    #: What an InferenceService may ask of the cluster (:mod:`.policy`).
+    policy: Policy = field(default_factory=Policy)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.quota_coordinator_url is not None and self.quota_key is None:
+            raise ValueError(
+                "SLUICEWAY_QUOTA_COORDINATOR_URL is set but no quota key is: set SLUICEWAY_QUOTA_KEY_FILE "
+                "(the chart mounts it at /etc/sluiceway/quota-key/key)"
+            )
+        self.prometheus_allow_list  # noqa: B018 - raises ValueError for a malformed URL
 
     @property
     def clusterwide(self) -> bool:
         return not self.namespaces
+
+    @property
+    def prometheus_allow_list(self) -> UrlAllowList:
+        """What the operator may query: ``allowed_prometheus`` plus ``prometheus_url``."""
+        urls = [*self.allowed_prometheus, *([self.prometheus_url] if self.prometheus_url else [])]
+        return UrlAllowList.build("SLUICEWAY_ALLOWED_PROMETHEUS/SLUICEWAY_PROMETHEUS_URL", urls)
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -64,6 +95,12 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     if coordinator is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", coordinator):
         raise ValueError(f"SLUICEWAY_QUOTA_COORDINATOR_URL must be an http(s) URL, not {coordinator!r}")
     namespaces = tuple(n.strip() for n in env.get("SLUICEWAY_NAMESPACES", "").split(",") if n.strip())
+    key_file = env.get("SLUICEWAY_QUOTA_KEY_FILE") or None
+    key = load_key(key_file) if key_file is not None else None  # ValueError names the path only
+    allowed = tuple(u.strip() for u in env.get("SLUICEWAY_ALLOWED_PROMETHEUS", "").split(",") if u.strip())
+    timeout = float(env.get("SLUICEWAY_PROMETHEUS_TIMEOUT") or OperatorConfig.prometheus_timeout)
+    if not 0 < timeout <= 60:
+        raise ValueError(f"SLUICEWAY_PROMETHEUS_TIMEOUT must be seconds within (0, 60], not {timeout}")
     return OperatorConfig(
         namespaces=namespaces,
         prometheus_url=env.get("SLUICEWAY_PROMETHEUS_URL") or None,
@@ -75,6 +112,10 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         liveness=env.get("SLUICEWAY_LIVENESS") or None,
         quota_coordinator_url=coordinator,
         quota_lease_seconds=lease,
+        quota_key=key,
+        allowed_prometheus=allowed,
+        prometheus_timeout=timeout,
+        policy=policy_from_env(env),
     )
 
 

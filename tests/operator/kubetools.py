@@ -293,6 +293,17 @@ def operator_env(kubeconfig: Path) -> dict[str, str]:
     )
     env.pop("KUBERNETES_SERVICE_HOST", None)
     env.pop("SLUICEWAY_PROMETHEUS_URL", None)
+    # The operator's policy (issue 18 item 8): the tests' images and placement fields are allowed;
+    # the policy itself is tested in test_operator_policy.py.
+    env["SLUICEWAY_ALLOWED_IMAGE_REGISTRIES"] = "registry.example/,ghcr.io/sluiceway/"
+    for var in (
+        "SLUICEWAY_ALLOWED_SERVICE_ACCOUNTS",
+        "SLUICEWAY_ALLOWED_PRIORITY_CLASSES",
+        "SLUICEWAY_ALLOWED_TOLERATION_KEYS",
+        "SLUICEWAY_ALLOWED_RUNTIME_CLASSES",
+        "SLUICEWAY_ALLOWED_NODE_SELECTOR_KEYS",
+    ):
+        env[var] = "*"
     return env
 
 

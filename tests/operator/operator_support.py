@@ -15,6 +15,10 @@ GOLDEN = Path(__file__).parent / "golden"
 
 #: Test keys of the tenants in cases/full.yaml (Secret name -> key -> value).
 TEST_KEYS = {"search": "search-secret-key-1", "reports": "reports-secret-key-2"}
+#: The key salt of the golden renders (a real service gets a random one, kept across reconciles).
+TEST_SALT = bytes(range(32))
+#: The quota key of the tests (the chart makes a random one).
+TEST_QUOTA_KEY = b"test-quota-key-0123456789abcdef-0123456789"
 
 
 def load_crd() -> dict[str, Any]:

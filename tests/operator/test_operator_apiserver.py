@@ -26,7 +26,7 @@ from kubetools import (
     wait_for,
 )
 from operator_support import case_names, load_case, load_crd
-from sluiceway_core.keys import hash_key
+from sluiceway_core.keys import hash_key, parse_keys_text
 from sluiceway_operator.kube import ApiError, Kube
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -85,13 +85,14 @@ def _cond(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
     return None
 
 
-def _secret(admin: Admin, name: str, value: str) -> None:
+def _secret(admin: Admin, name: str, value: str, labelled: bool = True) -> None:
+    labels = {"sluiceway.io/tenant-key": "true"} if labelled else {}
     admin.create(
         f"/api/v1/namespaces/{NS}/secrets",
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": labels},
             "data": {"key": base64.b64encode(value.encode()).decode()},
         },
     )
@@ -346,7 +347,10 @@ def test_lifecycle(admin: Admin, operator_process: Path) -> None:
         want = {"sluiceway-operator", "sluiceway-operator-replicas"} if kind == "Deployment" else {"sluiceway-operator"}
         assert managers == want, kind
     keys = base64.b64decode(children["Secret"]["data"]["keys.txt"]).decode()
-    assert keys == f"{hash_key('alpha-secret-value')} alpha\n"
+    parsed = parse_keys_text(keys)  # salted: HMAC-SHA256 with the service's random salt
+    assert parsed.salt is not None and len(parsed.salt) == 32
+    assert keys == f"hmac-sha256 {parsed.salt.hex()}\n{hash_key('alpha-secret-value', parsed.salt)} alpha\n"
+    assert parsed.lookup("alpha-secret-value") == "alpha" and parsed.lookup("alpha-secret-valu") is None
     assert "alpha-secret-value" not in str(children)
     cfg = yaml.safe_load(children["ConfigMap"]["data"]["config.yaml"])
     assert cfg["tenants"]["tenants"][0] == {"name": "alpha", "rate": 10.0, "weight": 1}
@@ -425,20 +429,33 @@ def test_missing_secret_gives_config_invalid_and_leaves_children(admin: Admin, o
 
     obj = wait_for(invalid, 30, what="ConfigValid=False")
     c = _cond(obj, "ConfigValid")
-    assert c["reason"] == "SecretNotFound"
-    assert f"Secret {NS}/beta-key does not exist" in c["message"]
+    assert c["reason"] == "TenantKeyUnavailable"
+    missing_message = c["message"]
+    assert 'labelled sluiceway.io/tenant-key: "true"' in missing_message
+    assert "does not exist" not in missing_message  # generic: no oracle for which Secrets exist
     assert _cond(obj, "Ready")["status"] == "False"
     events = admin.call(
         "GET", f"/api/v1/namespaces/{NS}/events", query=[("fieldSelector", "involvedObject.name=keyed")]
     )["items"]
-    assert any(e["reason"] == "SecretNotFound" and e["type"] == "Warning" for e in events)
+    assert any(e["reason"] == "TenantKeyUnavailable" and e["type"] == "Warning" for e in events)
     # Existing children untouched, across several drift-timer ticks.
     time.sleep(5)
     assert _hash(admin, "keyed") == before
     assert admin.get(f"/api/v1/namespaces/{NS}/configmaps/keyed-config")["data"] == cm_before
 
-    # The Secret appears -> the timer picks it up -> valid, rolled out with the key hash.
-    _secret(admin, "beta-key", "beta-value")
+    # A Secret of that name without the opt-in label is not read: the same condition, word for word.
+    _secret(admin, "beta-key", "beta-value", labelled=False)
+    time.sleep(5)  # several drift ticks
+    c = _cond(admin.get(_path("keyed")), "ConfigValid")
+    assert (c["status"], c["reason"], c["message"]) == ("False", "TenantKeyUnavailable", missing_message)
+    assert _hash(admin, "keyed") == before
+
+    # Labelled -> the timer picks it up -> valid, rolled out with the key hash.
+    admin.call(
+        "PATCH",
+        f"/api/v1/namespaces/{NS}/secrets/beta-key",
+        body=[{"op": "add", "path": "/metadata/labels", "value": {"sluiceway.io/tenant-key": "true"}}],
+    )
     wait_for(lambda: _cond(admin.get(_path("keyed")), "ConfigValid")["status"] == "True", 30, what="valid again")
     wait_for(lambda: _hash(admin, "keyed") != before, 30, what="rollout with key")
     admin.call("DELETE", _path("keyed"))

@@ -9,21 +9,28 @@ queries is test_operator_prometheus.py).
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import logging
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import TEST_KEYS, load_case, load_crd
+from operator_support import TEST_KEYS, TEST_QUOTA_KEY, TEST_SALT, load_case, load_crd
 from sluiceway_core.config import PodConfig
 from sluiceway_core.keys import hash_key
+from sluiceway_core.quota import QuotaError
+from sluiceway_core.quota_charter import verify_charter
 from sluiceway_core.signals import Queries
+from sluiceway_core.urls import UrlAllowList
+from sluiceway_operator.policy import Policy
 from sluiceway_operator.prom import PrometheusError, query_vector
 from sluiceway_operator.reconcile import Reconciler
 from sluiceway_operator.render import Environment, Owner, render
@@ -33,7 +40,7 @@ from sluiceway_operator.status import Observed, TenantQuota, compute_status
 from test_operator_reconcile_unit import FakeKube
 
 COORDINATOR = "http://sluiceway-scaler.sluiceway-system.svc:9092"
-QUOTA_ENV = Environment(keda=True, quota_coordinator_url=COORDINATOR, quota_lease_seconds=4.0)
+QUOTA_ENV = Environment(keda=True, quota_coordinator_url=COORDINATOR, quota_lease_seconds=4.0, quota_key=TEST_QUOTA_KEY)
 
 
 def _render(case: str, env: Environment, **patch: Any) -> Any:
@@ -41,8 +48,8 @@ def _render(case: str, env: Environment, **patch: Any) -> Any:
     cr["spec"].update(copy.deepcopy(patch))
     spec = parse_spec(cr["spec"])
     owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], "uid-q")
-    hashes = {t.name: hash_key(TEST_KEYS[t.name]) for t in spec.keyed_tenants}
-    return render(owner, spec, hashes, env)
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    return render(owner, spec, hashes, env, salt=TEST_SALT)
 
 
 def _parts(rendered: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -52,9 +59,18 @@ def _parts(rendered: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, container
 
 
-def test_settings_read_the_coordinator_from_the_environment() -> None:
-    cfg = config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": COORDINATOR, "SLUICEWAY_QUOTA_LEASE_SECONDS": "5"})
-    assert (cfg.quota_coordinator_url, cfg.quota_lease_seconds) == (COORDINATOR, 5.0)
+def test_settings_read_the_coordinator_from_the_environment(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_bytes(TEST_QUOTA_KEY + b"\n")
+    cfg = config_from_env(
+        {
+            "SLUICEWAY_QUOTA_COORDINATOR_URL": COORDINATOR,
+            "SLUICEWAY_QUOTA_LEASE_SECONDS": "5",
+            "SLUICEWAY_QUOTA_KEY_FILE": str(key_file),
+        }
+    )
+    assert (cfg.quota_coordinator_url, cfg.quota_lease_seconds, cfg.quota_key) == (COORDINATOR, 5.0, TEST_QUOTA_KEY)
+    assert TEST_QUOTA_KEY.decode() not in repr(cfg)  # the key is never printed
     bare = config_from_env({})
     assert (bare.quota_coordinator_url, bare.quota_lease_seconds) == (None, 3.0)
     for bad in ("soon", "0.1", "120"):
@@ -62,6 +78,61 @@ def test_settings_read_the_coordinator_from_the_environment() -> None:
             config_from_env({"SLUICEWAY_QUOTA_LEASE_SECONDS": bad})
     with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_COORDINATOR_URL must be an http"):
         config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": "sluiceway-scaler:9092"})
+
+
+def test_the_coordinator_without_a_readable_key_is_refused_at_start(tmp_path: Path) -> None:
+    """Issue 18 item 2: no unsigned charters. Failed before the fix: config_from_env accepted it."""
+    with pytest.raises(ValueError, match="SLUICEWAY_QUOTA_KEY_FILE"):
+        config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": COORDINATOR})
+    with pytest.raises(ValueError, match="cannot read the quota key file"):
+        config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": COORDINATOR, "SLUICEWAY_QUOTA_KEY_FILE": "/nonexistent"})
+    short = tmp_path / "short"
+    short.write_bytes(b"too-short")
+    with pytest.raises(ValueError, match="fewer than 32 bytes"):
+        config_from_env({"SLUICEWAY_QUOTA_COORDINATOR_URL": COORDINATOR, "SLUICEWAY_QUOTA_KEY_FILE": str(short)})
+
+
+def test_the_charter_is_signed_into_the_secret_and_nowhere_else() -> None:
+    """The pod's Secret carries the charter's signature under quota-token (verified by the
+    coordinator's rule, verify_charter); the ConfigMap, the Deployment and the status never do."""
+    rendered = _render("full", QUOTA_ENV)
+    by_kind = {m["kind"]: m for m in rendered.manifests}
+    config, _ = _parts(rendered)
+    token = base64.b64decode(by_kind["Secret"]["data"]["quota-token"]).decode()
+    charter = verify_charter(TEST_QUOTA_KEY, config["quota"]["charter"], token)
+    assert charter.service == "vision/resnet" and charter.max_pods == 11
+    with pytest.raises(QuotaError):
+        verify_charter(b"another-key-of-at-least-32-bytes-long", config["quota"]["charter"], token)
+    for kind, manifest in by_kind.items():
+        if kind != "Secret":
+            assert token not in json.dumps(manifest), kind
+    # A changed quota is a changed charter, hence a changed signature.
+    more = _render("full", QUOTA_ENV, tenants=[{"name": "search", "keySecretRef": {"name": "k"}, "rate": "200/s"}])
+    other = base64.b64decode(next(m for m in more.manifests if m["kind"] == "Secret")["data"]["quota-token"])
+    assert other.decode() != token
+    # Without a coordinator: no token.
+    plain = _render("full", Environment(keda=True))
+    assert "quota-token" not in next(m for m in plain.manifests if m["kind"] == "Secret")["data"]
+
+
+def test_the_reconciler_keeps_the_token_out_of_status_events_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    kube = FakeKube()
+    kube.read_secret_value = lambda namespace, name, key: "k"  # type: ignore[method-assign]
+    config = OperatorConfig(quota_coordinator_url=COORDINATOR, quota_key=TEST_QUOTA_KEY, policy=Policy.open())
+    body = {
+        "metadata": {"name": "a", "namespace": "n", "uid": "u1", "generation": 1},
+        "spec": {
+            "model": {"image": "i:1", "format": "demo", "source": "demo"},
+            "autoscaling": {"engine": "none"},
+            "tenants": [{"name": "t", "keySecretRef": {"name": "s"}, "rate": "20/s"}],
+        },
+    }
+    with caplog.at_level(logging.DEBUG):
+        Reconciler(config, kube).apply_children(body)  # type: ignore[arg-type]
+    secret = next(m for kind, m in kube.applied_manifests if kind == "Secret")
+    token = base64.b64decode(secret["data"]["quota-token"]).decode()
+    assert len(token) == 64
+    assert token not in json.dumps(kube.status) + json.dumps(kube.events) + caplog.text
 
 
 def test_the_operator_refuses_a_bad_setting_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,6 +151,12 @@ def test_tenant_limits_with_a_coordinator_render_the_quota_section_and_pod_name(
         "service": "vision/resnet",
         "leaseSeconds": 4.0,
         "assumedReplicas": 10,  # maxReplicas: pods started without a lease never exceed the quota together
+        "tokenFile": "/var/run/secrets/sluiceway/quota-token",
+        "charter": {
+            "service": "vision/resnet",
+            "quotas": {"search": {"rate": 100.0, "burst": 200, "maxConcurrent": 8}},
+            "maxPods": 11,  # maxReplicas + the rollout's surge
+        },
     }
     q = PodConfig.model_validate(config).quota
     assert q is not None and q.coordinator_url == COORDINATOR and q.service == "vision/resnet"
@@ -207,10 +284,11 @@ def _sample(tenant: str, value: str) -> dict[str, Any]:
 def test_query_vector_maps_a_label_to_values(prom: tuple[str, type[_PromAPI]]) -> None:
     url, handler = prom
     handler.answers["q"] = [_sample("a", "1.5"), _sample("b", "NaN"), {"metric": {}, "value": [0, "2"]}]
-    assert query_vector(url, "q", "tenant") == {"a": 1.5}
-    assert query_vector(url, "empty", "tenant") == {}
+    allow = UrlAllowList.build("test", [url, "http://127.0.0.1:9"])
+    assert query_vector(url, "q", "tenant", allow=allow) == {"a": 1.5}
+    assert query_vector(url, "empty", "tenant", allow=allow) == {}
     with pytest.raises(PrometheusError):
-        query_vector("http://127.0.0.1:9", "q", "tenant", timeout=2)
+        query_vector("http://127.0.0.1:9", "q", "tenant", allow=allow, timeout=2)
 
 
 def test_signals_loop_publishes_service_wide_admitted_rates(prom: tuple[str, type[_PromAPI]]) -> None:
@@ -219,7 +297,12 @@ def test_signals_loop_publishes_service_wide_admitted_rates(prom: tuple[str, typ
     handler.answers[q.tenant_admitted_rate] = [_sample("t", "19.96"), _sample("anonymous", "0")]
     kube = FakeKube()
     kube.read_secret_value = lambda namespace, name, key: "k"  # type: ignore[method-assign]
-    reconciler = Reconciler(OperatorConfig(prometheus_url=url, quota_coordinator_url=COORDINATOR), kube)
+    reconciler = Reconciler(
+        OperatorConfig(
+            prometheus_url=url, quota_coordinator_url=COORDINATOR, quota_key=TEST_QUOTA_KEY, policy=Policy.open()
+        ),
+        kube,
+    )
     body = {
         "metadata": {"name": "a", "namespace": "n", "uid": "u1", "generation": 1},
         "spec": {

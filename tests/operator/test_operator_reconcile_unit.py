@@ -8,14 +8,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluiceway_operator.kube import ApiError, SecretProblem
+from sluiceway_operator.policy import Policy
 from sluiceway_operator.reconcile import Reconciler
 from sluiceway_operator.settings import OperatorConfig
+
+#: The policy allows the tests' images (the policy itself: test_operator_policy.py).
+OPEN = OperatorConfig(policy=Policy.open())
 
 
 class FakeKube:
     def __init__(self, refuse_kind: str | None = None) -> None:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.applied: list[tuple[str, bool]] = []
+        self.applied_manifests: list[tuple[str, dict[str, Any]]] = []
         self.events: list[str] = []
         self.status: dict[str, Any] = {}
         self.refuse_kind = refuse_kind
@@ -30,6 +35,8 @@ class FakeKube:
         if manifest["kind"] == self.refuse_kind:
             raise ApiError("PATCH x: 422 Unprocessable Entity: denied by policy", 422)
         self.applied.append((manifest["kind"], dry_run))
+        if not dry_run:
+            self.applied_manifests.append((manifest["kind"], dict(manifest)))
         return dict(manifest)
 
     def hand_over_replicas(self, deployment: Mapping[str, Any]) -> bool:
@@ -39,7 +46,7 @@ class FakeKube:
         return False
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | SecretProblem:
-        return SecretProblem("SecretNotFound", f"Secret {namespace}/{name} does not exist")
+        return SecretProblem("TenantKeyUnavailable", f"keySecretRef {name}/{key} cannot be used")
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.status = dict(status)
@@ -62,20 +69,20 @@ TENANT = {"tenants": [{"name": "t", "keySecretRef": {"name": "missing"}}]}
 
 def test_one_event_per_problem_across_ticks_and_restarts() -> None:
     kube = FakeKube()
-    rec = Reconciler(OperatorConfig(), kube)  # type: ignore[arg-type]
+    rec = Reconciler(OPEN, kube)  # type: ignore[arg-type]
     for _ in range(5):
         rec.apply_children(_body(**TENANT))
-    assert kube.events == ["SecretNotFound"]
+    assert kube.events == ["TenantKeyUnavailable"]
     assert kube.applied == []  # nothing written while the config is invalid
     # A new operator process sees the condition already reported: no second Event.
-    restarted = Reconciler(OperatorConfig(), kube)  # type: ignore[arg-type]
+    restarted = Reconciler(OPEN, kube)  # type: ignore[arg-type]
     restarted.apply_children(_body(status=kube.status, **TENANT))
-    assert kube.events == ["SecretNotFound"]
+    assert kube.events == ["TenantKeyUnavailable"]
 
 
 def test_a_refused_dry_run_applies_nothing() -> None:
     kube = FakeKube(refuse_kind="Deployment")
-    rec = Reconciler(OperatorConfig(), kube)  # type: ignore[arg-type]
+    rec = Reconciler(OPEN, kube)  # type: ignore[arg-type]
     outcome = rec.apply_children(_body())
     assert outcome.config_error is not None and outcome.config_error[0] == "ChildRejected"
     assert "denied by policy" in outcome.config_error[1]

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import CASES, GOLDEN, TEST_KEYS, case_names, load_case
+from operator_support import CASES, GOLDEN, TEST_KEYS, TEST_SALT, case_names, load_case
 from sluiceway_core.config import PodConfig
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.render import CONFIG_HASH_ANNOTATION, Environment, Owner, render
@@ -31,8 +31,8 @@ def _render_case(name: str, env: Environment = ENV, replicas: int | None = 2) ->
     cr = load_case(name)
     spec = parse_spec(cr["spec"])
     owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], f"uid-{name}")
-    hashes = {t.name: hash_key(TEST_KEYS[t.name]) for t in spec.keyed_tenants}
-    return render(owner, spec, hashes, env, replicas=replicas)
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    return render(owner, spec, hashes, env, replicas=replicas, salt=TEST_SALT)
 
 
 def _golden_form(rendered: Any) -> list[dict[str, Any]]:
@@ -146,7 +146,10 @@ def test_keys_secret_has_hashes_never_keys() -> None:
 
     secret = _by_kind(_render_case("full").manifests)["Secret"]
     text = base64.b64decode(secret["data"]["keys.txt"]).decode()
-    assert text == f"{hash_key(TEST_KEYS['reports'])} reports\n{hash_key(TEST_KEYS['search'])} search\n"
+    assert text == (
+        f"hmac-sha256 {TEST_SALT.hex()}\n"
+        f"{hash_key(TEST_KEYS['reports'], TEST_SALT)} reports\n{hash_key(TEST_KEYS['search'], TEST_SALT)} search\n"
+    )
     for key in TEST_KEYS.values():
         assert key not in yaml.safe_dump(secret)
 
@@ -208,7 +211,7 @@ def test_config_change_changes_hash_and_nothing_else_does() -> None:
     changed_spec = dict(cr["spec"], timeouts={"queue": "3s"})
     changed = render(owner, parse_spec(changed_spec), {}, ENV)
     assert changed.config_hash != base.config_hash
-    rotated = render(owner, parse_spec(cr["spec"]), {"x": hash_key("k")}, ENV)
+    rotated = render(owner, parse_spec(cr["spec"]), {"x": hash_key("k", TEST_SALT)}, ENV, salt=TEST_SALT)
     assert rotated.config_hash != base.config_hash
 
 
@@ -388,8 +391,8 @@ def test_keyed_tenants_without_allow_anonymous_refuse_anonymous_callers(tmp_path
     spec = parse_spec(cr["spec"])
     assert spec.access.allow_anonymous is None
     owner = Owner("resnet", "vision", "u")
-    hashes = {t.name: hash_key(TEST_KEYS[t.name]) for t in spec.keyed_tenants}
-    rendered = render(owner, spec, hashes, ENV)
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    rendered = render(owner, spec, hashes, ENV, salt=TEST_SALT)
     cm = _by_kind(rendered.manifests)["ConfigMap"]
     assert "allowAnonymous" not in yaml.safe_load(cm["data"]["config.yaml"])["tenants"]
     registry = _pod_registry(rendered, tmp_path)
@@ -399,7 +402,7 @@ def test_keyed_tenants_without_allow_anonymous_refuse_anonymous_callers(tmp_path
 
     # explicitly on: keyed tenants and anonymous callers both served
     cr["spec"]["access"]["allowAnonymous"] = True
-    on = render(owner, parse_spec(cr["spec"]), hashes, ENV)
+    on = render(owner, parse_spec(cr["spec"]), hashes, ENV, salt=TEST_SALT)
     assert _pod_registry(on, tmp_path).authenticate(None).name == "anonymous"
 
 
