@@ -1,0 +1,175 @@
+"""Tenant admission at the edge: API key -> tenant, token buckets, priority ceilings and a cap on each
+tenant's outstanding requests, decided on the request's headers before any pod is chosen.
+
+One gateway replica sees every request of the service, so a tenant's ``rate``/``burst`` hold for the
+whole service exactly, however the tenant spreads its connections. Keys use the pod's file format
+(``<sha256-hex-of-key> <tenant>`` lines, :func:`sluiceway_core.keys.hash_key`) and the pod's rules
+(docs/scheduling.md): anonymous access as :attr:`TenantsConfig.anonymous_allowed` says, listed tenants
+without ``maxPriority`` may use every class, anonymous and unlisted ones at most the default class.
+
+Outstanding cap: a tenant's requests in flight through the gateway are bounded by
+``maxConcurrent + maxQueued`` when either is set (the pods' own per-tenant caps still apply behind);
+over it the gateway answers 429 ``tenant_queue_full``. A refused request takes no token.
+
+Concurrency model: owned by the gateway's event loop; nothing blocks or awaits. Time comes from the
+injected ``clock``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluiceway_core.config import PrioritiesConfig, TenantLimits, TenantsConfig
+
+from .errors import BadRequest, PriorityForbidden, RateLimited, TenantQueueFull, Unauthenticated
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+Clock = Callable[[], float]
+PRIORITY_HEADER = "x-sluiceway-priority"
+
+
+def parse_keys_file(text: str) -> list[tuple[str, str]]:
+    """Lines ``<sha256-hex> <tenant>``; blank lines and ``#`` comments ignored (the pod's format)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not _HEX64.match(parts[0].lower()):
+            raise ValueError(f"keys file line {n}: expected '<sha256-hex> <tenant>'")
+        out.append((parts[0].lower(), parts[1]))
+    return out
+
+
+class KeyStore:
+    """Presented key -> tenant name, compared against every stored hash (no early exit)."""
+
+    def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
+        self._entries = [(bytes.fromhex(h), t) for h, t in entries]
+
+    def lookup(self, key: str) -> str | None:
+        digest = hashlib.sha256(key.encode("utf-8")).digest()
+        found: str | None = None
+        for stored, tenant in self._entries:
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        return found
+
+
+class TokenBucket:
+    """``rate`` tokens/s, at most ``burst`` stored, starts full."""
+
+    def __init__(self, rate: float, burst: int, clock: Clock) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self._clock = clock
+        self._tokens = float(burst)
+        self._t = clock()
+
+    def try_take(self) -> float:
+        """0.0 when a token was taken, else the seconds until one is available."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + max(0.0, now - self._t) * self.rate)
+        self._t = now
+        if self._tokens >= 1.0 - 1e-9:
+            self._tokens = max(0.0, self._tokens - 1.0)
+            return 0.0
+        return (1.0 - self._tokens) / self.rate
+
+
+@dataclass
+class EdgeTenant:
+    name: str
+    max_rank: int
+    outstanding_cap: int | None
+    bucket: TokenBucket | None
+    outstanding: int = 0
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An admitted request; :meth:`EdgeAdmission.release` it exactly once when answered."""
+
+    tenant: EdgeTenant
+
+
+class EdgeAdmission:
+    def __init__(self, config: TenantsConfig, priorities: PrioritiesConfig, clock: Clock,
+                 keys: KeyStore | None = None) -> None:
+        self._config = config
+        self._classes = list(priorities.classes)
+        self._default = priorities.default
+        self._clock = clock
+        if keys is None:
+            keys = KeyStore(parse_keys_file(Path(config.keys_file).read_text(encoding="utf-8"))) \
+                if config.keys_file else KeyStore([])
+        self._keys = keys
+        self._listed = {t.name: t for t in config.tenants}
+        self._tenants: dict[str, EdgeTenant] = {}
+
+    def _limits(self, name: str) -> TenantLimits:
+        return self._listed.get(name) or self._config.defaults
+
+    def tenant(self, name: str) -> EdgeTenant:
+        t = self._tenants.get(name)
+        if t is None:
+            lim = self._limits(name)
+            if lim.max_priority:
+                rank = self._classes.index(lim.max_priority)
+            elif name in self._listed and name != self._config.anonymous_tenant:
+                rank = 0
+            else:
+                rank = self._classes.index(self._default)
+            cap = None
+            if lim.max_queued is not None or lim.max_concurrent is not None:
+                cap = (lim.max_queued or 0) + (lim.max_concurrent or 0)
+            bucket = None
+            if lim.rate is not None:
+                burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
+                bucket = TokenBucket(lim.rate, burst, self._clock)
+            t = self._tenants[name] = EdgeTenant(name, rank, cap, bucket)
+        return t
+
+    def authenticate(self, authorization: str | None) -> EdgeTenant:
+        if not authorization:
+            if self._config.anonymous_allowed:
+                return self.tenant(self._config.anonymous_tenant)
+            raise Unauthenticated("missing Authorization: Bearer <api key>")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthenticated("Authorization must be 'Bearer <api key>'")
+        name = self._keys.lookup(key.strip())
+        if name is None:
+            raise Unauthenticated("unknown API key")
+        return self.tenant(name)
+
+    def admit(self, headers: dict[str, str]) -> Ticket:
+        """Decide one request on its (lower-case) headers; raises a :class:`GatewayError` subclass."""
+        tenant = self.authenticate(headers.get("authorization"))
+        prio = (headers.get(PRIORITY_HEADER) or self._default).strip().lower()
+        try:
+            rank = self._classes.index(prio)
+        except ValueError:
+            raise BadRequest(f"unknown priority {prio!r}; X-Sluiceway-Priority must be one of {self._classes}") \
+                from None
+        if rank < tenant.max_rank:
+            raise PriorityForbidden(f"tenant {tenant.name!r} may not use priority {prio!r}")
+        if tenant.outstanding_cap is not None and tenant.outstanding >= tenant.outstanding_cap:
+            raise TenantQueueFull(f"tenant {tenant.name!r} has {tenant.outstanding} requests outstanding",
+                                  retry_after=1.0)
+        if tenant.bucket is not None:
+            wait = tenant.bucket.try_take()
+            if wait > 0:
+                raise RateLimited(f"tenant {tenant.name!r} is over its rate", retry_after=wait)
+        tenant.outstanding += 1
+        return Ticket(tenant)
+
+    @staticmethod
+    def release(ticket: Ticket) -> None:
+        ticket.tenant.outstanding -= 1

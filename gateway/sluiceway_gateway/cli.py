@@ -1,0 +1,138 @@
+"""``sluiceway-gateway serve``: the service edge in front of the inference pods.
+
+Concurrency model: one process, one asyncio event loop (uvloop when installed) carrying the client
+side, the pod connections, discovery, the poller and the metrics port; SIGTERM stops accepting, waits
+for requests in flight (``--drain-seconds``), then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .app import Gateway
+from .config import GatewayConfig, GatewayConfigError, load_gateway_config
+from .endpoints import EndpointSource, StaticEndpoints
+from .server import Request, Responder, ServerLimits, ServerState, serve
+
+USAGE_EXAMPLES = """\
+examples:
+  sluiceway-gateway serve --config gateway.yaml
+  sluiceway-gateway serve --endpoint 127.0.0.1:8001 --endpoint 127.0.0.1:8002 --port 8080
+  sluiceway-gateway serve --watch-namespace demo --service demo-pods --routing powerOfTwo
+
+config (YAML, camelCase): listen {host, port, metricsPort}, endpoints [host:port] or
+watch {namespace, service, portName, apiServer, tokenFile, caFile}, routing (leastWait|powerOfTwo|random),
+pollAfterMs, limits {...}, tenants (the pod's tenants block: keysFile, tenants, defaults), priorities.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sluiceway-gateway", description="Sluiceway's service edge: routes each "
+                                "request to the least-loaded inference pod and admits tenants for the whole service.",
+                                epilog=USAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gateway", epilog=USAGE_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--config", metavar="FILE", help="gateway YAML")
+    s.add_argument("--host", help="listen address")
+    s.add_argument("--port", type=int, help="listen port")
+    s.add_argument("--metrics-port", type=int, help="/metrics port")
+    s.add_argument("--endpoint", action="append", metavar="HOST:PORT", help="a pod (repeatable): static endpoints")
+    s.add_argument("--watch-namespace", metavar="NS", help="follow EndpointSlices in this namespace")
+    s.add_argument("--service", metavar="NAME", help="the pods' Service (with --watch-namespace)")
+    s.add_argument("--routing", choices=["leastWait", "powerOfTwo", "random"])
+    s.add_argument("--drain-seconds", type=float, default=10.0, help="wait for requests in flight on SIGTERM")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+    for flag, key in (("host", "listen.host"), ("port", "listen.port"), ("metrics_port", "listen.metricsPort"),
+                      ("routing", "routing"), ("endpoint", "endpoints")):
+        v = getattr(ns, flag)
+        if v is not None:
+            o[key] = v
+    if ns.watch_namespace or ns.service:
+        if not (ns.watch_namespace and ns.service):
+            raise GatewayConfigError("--watch-namespace and --service go together")
+        o["watch.namespace"], o["watch.service"] = ns.watch_namespace, ns.service
+    return o
+
+
+def build_source(config: GatewayConfig) -> EndpointSource:
+    if config.watch is not None:
+        from .kube import EndpointSliceWatch
+
+        return EndpointSliceWatch(config.watch)
+    return StaticEndpoints(config.endpoints)
+
+
+def limits_of(config: GatewayConfig) -> ServerLimits:
+    lim = config.limits
+    return ServerLimits(lim.max_connections, lim.header_timeout_seconds, lim.body_timeout_seconds,
+                        lim.max_body_bytes, lim.max_header_bytes, lim.max_headers, lim.max_pipelined)
+
+
+async def run(config: GatewayConfig, drain_seconds: float) -> None:
+    registry = CollectorRegistry()
+    gw = Gateway(config, build_source(config), registry)
+    state = ServerState(gw.handle, limits_of(config))
+    state.on_refused = lambda reason: gw.metrics.refused.labels(gw.metrics.reason(reason)).inc()
+
+    async def metrics_handler(req: Request, out: Responder) -> None:
+        if req.path == "/metrics":
+            out.send(200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], generate_latest(registry))
+        else:
+            await gw.handle(req, out) if req.path.startswith("/v2/health/") else out.send(404, [], b"")
+
+    mstate = ServerState(metrics_handler, limits_of(config))
+    server = await serve(state, config.listen.host, config.listen.port)
+    mserver = await serve(mstate, config.listen.host, config.listen.metrics_port)
+    background = asyncio.get_running_loop().create_task(gw.run_background())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ports = [s.getsockname()[1] for s in server.sockets]
+    logging.getLogger("sluiceway.gateway").info("gateway listening on %s:%s (routing %s)", config.listen.host,
+                                                ports[0] if ports else "?", config.routing)
+    await stop.wait()
+    server.close()
+    state.closing = True
+    await gw.drain(drain_seconds)
+    background.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await background
+    mserver.close()
+    gw.pool.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_gateway_config(ns.config, _overrides(ns))
+    except GatewayConfigError as err:
+        print(f"sluiceway-gateway: {err}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # the plain asyncio loop works, slower
+        asyncio.run(run(config, ns.drain_seconds))
+    else:
+        uvloop.run(run(config, ns.drain_seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The gateway's configuration: one pydantic model read from YAML (camelCase or snake_case keys).
+
+No I/O except :func:`load_gateway_config`, which reads the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from sluiceway_core.config import PrioritiesConfig, TenantsConfig
+
+Routing = Literal["leastWait", "powerOfTwo", "random"]
+_ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class ListenConfig(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int = Field(default=9092, ge=0, le=65535)
+
+
+class LimitsConfig(_Model):
+    """The client side's hostile-client bounds (the pod's, see docs/pod.md) and the upstream bounds."""
+
+    max_connections: int = Field(default=4096, ge=1, le=1_000_000, description="open client connections -> 503")
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="whole request body -> 408")
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+    max_headers: int = Field(default=100, ge=8, le=10_000)
+    max_pipelined: int = Field(default=16, ge=1, le=1024, description="parsed requests waiting per connection")
+    request_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, description="without a deadline header")
+    connect_timeout_seconds: float = Field(default=1.0, gt=0, le=60)
+    max_idle_per_pod: int = Field(default=256, ge=0, le=100_000)
+    idle_seconds: float = Field(default=2.0, gt=0, le=600, description="pooled upstream connection reuse window")
+    max_response_buffer_bytes: int = Field(default=1024 * 1024, ge=4096, description="refusal bodies read whole")
+
+
+class KubeWatchConfig(_Model):
+    """EndpointSlices of one Service through the API server."""
+
+    namespace: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    service: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    port_name: str | None = None
+    api_server: str | None = Field(default=None, pattern=r"^https?://[^\s/]+$", description="default: in-cluster")
+    token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_tls_verify: bool = False
+
+
+class GatewayConfig(_Model):
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    routing: Routing = "leastWait"
+    #: ``host:port`` of each pod (tests, benchmarks); exclusive with ``watch``
+    endpoints: list[str] = Field(default_factory=list)
+    watch: KubeWatchConfig | None = None
+    poll_after_ms: float = Field(default=100.0, gt=0, le=60_000, description="poll a pod not heard from this long")
+    #: admission at the edge; ``None``: the gateway admits every request (the pods still decide)
+    tenants: TenantsConfig | None = None
+    priorities: PrioritiesConfig = Field(default_factory=PrioritiesConfig)
+    seed: int | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _addresses(cls, v: list[str]) -> list[str]:
+        bad = [a for a in v if not _ADDR.match(a)]
+        if bad:
+            raise ValueError(f"endpoints must be host:port: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> GatewayConfig:
+        if self.endpoints and self.watch is not None:
+            raise ValueError("set either endpoints (static) or watch (EndpointSlices), not both")
+        if not self.endpoints and self.watch is None:
+            raise ValueError("no endpoints: set endpoints or watch")
+        if self.tenants is not None:
+            for t in self.tenants.tenants:
+                if t.max_priority is not None and t.max_priority not in self.priorities.classes:
+                    raise ValueError(f"tenant {t.name}: maxPriority {t.max_priority!r} is not a priority class")
+        return self
+
+
+class GatewayConfigError(ValueError):
+    """The configuration is invalid; ``str()`` names the bad field(s)."""
+
+
+def load_gateway_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    tree: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            raise GatewayConfigError(f"{path}: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise GatewayConfigError(f"{path}: expected a mapping at the top")
+        tree = dict(loaded or {})
+    for key, value in (overrides or {}).items():
+        node = tree
+        parts = key.split(".")
+        for p in parts[:-1]:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = node[p] = {}
+            node = child
+        node[parts[-1]] = value
+    try:
+        return GatewayConfig.model_validate(tree)
+    except ValidationError as err:
+        lines = [f"{'.'.join(str(x) for x in e['loc']) or '<top>'}: {e['msg']}" for e in err.errors()]
+        raise GatewayConfigError("invalid gateway config:\n  " + "\n  ".join(lines)) from None

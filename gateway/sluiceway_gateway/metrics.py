@@ -1,0 +1,56 @@
+"""The gateway's metrics, ``sluiceway_gateway_*``, built in one place against an injected registry.
+
+Labels are bounded: ``pod`` takes at most :data:`MAX_POD_LABELS` distinct values (then ``other``),
+``reason`` comes from the gateway's error taxonomy or the pods' refusal reasons (a fixed set, unknown
+ones become ``other``), ``code`` is the status class.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+MAX_POD_LABELS = 64
+KNOWN_REASONS = frozenset({
+    "invalid_input", "unauthenticated", "priority_forbidden", "not_found", "body_timeout", "payload_too_large",
+    "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
+    "upstream_lost", "deadline", "gateway_draining", "header_timeout", "internal",
+    "queue_full", "displaced", "not_ready", "draining", "connect_failed",
+})
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.routed = Counter("sluiceway_gateway_routed_total", "Requests sent to a pod (each attempt)",
+                              ["pod"], registry=registry)
+        self.answers = Counter("sluiceway_gateway_answers_total", "Answers to clients by status class",
+                               ["code"], registry=registry)
+        self.retries = Counter("sluiceway_gateway_retries_total", "Requests sent to a second pod, by why",
+                               ["reason"], registry=registry)
+        self.refused = Counter("sluiceway_gateway_refused_total", "Requests the gateway answered with an error",
+                               ["reason"], registry=registry)
+        self.decision = Histogram("sluiceway_gateway_decision_seconds", "Time to choose a pod",
+                                  buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2),
+                                  registry=registry)
+        self.in_flight = Gauge("sluiceway_gateway_in_flight", "Requests in flight to pods", registry=registry)
+        self.pod_in_flight = Gauge("sluiceway_gateway_pod_in_flight", "Requests in flight per pod", ["pod"],
+                                   registry=registry)
+        self.endpoints = Gauge("sluiceway_gateway_endpoints", "Known pods by state", ["state"], registry=registry)
+        self.polls = Counter("sluiceway_gateway_polls_total", "Readiness polls of quiet pods", ["result"],
+                             registry=registry)
+        self._pods: set[str] = set()
+
+    def pod(self, key: str) -> str:
+        if key in self._pods:
+            return key
+        if len(self._pods) < MAX_POD_LABELS:
+            self._pods.add(key)
+            return key
+        return "other"
+
+    @staticmethod
+    def reason(reason: str) -> str:
+        return reason if reason in KNOWN_REASONS else "other"
+
+    @staticmethod
+    def code(status: int) -> str:
+        return f"{status // 100}xx" if 100 <= status < 600 else "other"
