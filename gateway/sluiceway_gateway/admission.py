@@ -3,7 +3,8 @@ tenant's outstanding requests, decided on the request's headers before any pod i
 
 One gateway replica sees every request of the service, so a tenant's ``rate``/``burst`` hold for the
 whole service exactly, however the tenant spreads its connections. Keys use the pod's file format
-(``<sha256-hex-of-key> <tenant>`` lines, :func:`sluiceway_core.keys.hash_key`) and the pod's rules
+(:func:`sluiceway_core.keys.parse_keys_text`: the salted ``hmac-sha256 <salt>`` form the operator
+renders, or legacy plain SHA-256 lines; lookups compare every entry in constant time) and the pod's rules
 (docs/scheduling.md): anonymous access as :attr:`TenantsConfig.anonymous_allowed` says, listed tenants
 without ``maxPriority`` may use every class, anonymous and unlisted ones at most the default class.
 
@@ -17,50 +18,18 @@ injected ``clock``.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluiceway_core.config import PrioritiesConfig, TenantLimits, TenantsConfig
+from sluiceway_core.keys import KeyFile, parse_keys_text
 
 from .errors import BadRequest, PriorityForbidden, RateLimited, TenantQueueFull, Unauthenticated
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 Clock = Callable[[], float]
 PRIORITY_HEADER = "x-sluiceway-priority"
-
-
-def parse_keys_file(text: str) -> list[tuple[str, str]]:
-    """Lines ``<sha256-hex> <tenant>``; blank lines and ``#`` comments ignored (the pod's format)."""
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) != 2 or not _HEX64.match(parts[0].lower()):
-            raise ValueError(f"keys file line {n}: expected '<sha256-hex> <tenant>'")
-        out.append((parts[0].lower(), parts[1]))
-    return out
-
-
-class KeyStore:
-    """Presented key -> tenant name, compared against every stored hash (no early exit)."""
-
-    def __init__(self, entries: Iterable[tuple[str, str]]) -> None:
-        self._entries = [(bytes.fromhex(h), t) for h, t in entries]
-
-    def lookup(self, key: str) -> str | None:
-        digest = hashlib.sha256(key.encode("utf-8")).digest()
-        found: str | None = None
-        for stored, tenant in self._entries:
-            if hmac.compare_digest(stored, digest):
-                found = tenant
-        return found
 
 
 class TokenBucket:
@@ -101,14 +70,14 @@ class Ticket:
 
 class EdgeAdmission:
     def __init__(self, config: TenantsConfig, priorities: PrioritiesConfig, clock: Clock,
-                 keys: KeyStore | None = None) -> None:
+                 keys: KeyFile | None = None) -> None:
         self._config = config
         self._classes = list(priorities.classes)
         self._default = priorities.default
         self._clock = clock
         if keys is None:
-            keys = KeyStore(parse_keys_file(Path(config.keys_file).read_text(encoding="utf-8"))) \
-                if config.keys_file else KeyStore([])
+            keys = parse_keys_text(Path(config.keys_file).read_text(encoding="utf-8")) \
+                if config.keys_file else KeyFile(None, ())
         self._keys = keys
         self._listed = {t.name: t for t in config.tenants}
         self._tenants: dict[str, EdgeTenant] = {}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from sluiceway_core.config import PrioritiesConfig, TenantsConfig
-from sluiceway_gateway.admission import EdgeAdmission, KeyStore, parse_keys_file
+from sluiceway_core.keys import hash_key, keys_text
+from sluiceway_gateway.admission import EdgeAdmission
 from sluiceway_gateway.config import GatewayConfigError, load_gateway_config
 from sluiceway_gateway.errors import (
     BadRequest,
@@ -122,8 +123,8 @@ KEY_A, KEY_B = "key-a", "key-b"
 
 def admission(tmp_path: Path, clock: list[float], **tenants: object) -> EdgeAdmission:
     keys = tmp_path / "keys"
-    keys.write_text(f"# comment\n{hashlib.sha256(KEY_A.encode()).hexdigest()} a\n"
-                    f"{hashlib.sha256(KEY_B.encode()).hexdigest()} b\n")
+    salt = bytes(range(32))
+    keys.write_text(keys_text(salt, {"a": hash_key(KEY_A, salt), "b": hash_key(KEY_B, salt)}))
     cfg = TenantsConfig.model_validate({"keysFile": str(keys), "tenants": [
         {"name": "a", "rate": 2, "burst": 3, "maxPriority": "standard"},
         {"name": "b", "maxConcurrent": 1, "maxQueued": 1}], **tenants})
@@ -167,11 +168,14 @@ def test_edge_auth_priority_and_outstanding_cap(tmp_path: Path) -> None:
     EdgeAdmission.release(t3)
 
 
-def test_keys_file_format_is_the_pods() -> None:
-    with pytest.raises(ValueError, match="line 1"):
-        parse_keys_file("nothex tenant\n")
-    store = KeyStore(parse_keys_file(f"{hashlib.sha256(b'k').hexdigest().upper()} t\n"))
-    assert store.lookup("k") == "t" and store.lookup("x") is None
+def test_legacy_plain_sha256_keys_file(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"# hand-written\n{hashlib.sha256(b'k').hexdigest().upper()} a\n")
+    cfg = TenantsConfig.model_validate({"keysFile": str(keys), "tenants": [{"name": "a"}]})
+    adm = EdgeAdmission(cfg, PrioritiesConfig(), lambda: 0.0)
+    assert adm.admit({"authorization": "Bearer k"}).tenant.name == "a"
+    with pytest.raises(Unauthenticated):
+        adm.admit({"authorization": "Bearer x"})
 
 
 def test_endpoints_from_slices_readiness_and_ports() -> None:
