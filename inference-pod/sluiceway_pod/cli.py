@@ -4,6 +4,8 @@
                         [--model-name NAME] [--concurrency N|auto] [--max-queue N|auto]
                         [--queue-timeout S] [--exec-timeout S]
     sluiceway-pod check-config [--config FILE]     print the effective configuration, or the error
+    sluiceway-pod fetch --uri URI --dest DIR [--sha256 HEX] [--max-bytes N] ...
+                                                   the storage initializer (see sluiceway_pod.fetch)
 
 Flags override the config file, which overrides ``SLUICEWAY_*`` environment variables. An invalid
 configuration exits 2, naming the bad field.
@@ -61,6 +63,24 @@ Examples:
   sluiceway-pod serve --model demo
   sluiceway-pod serve --model synthetic:20 --concurrency 2 --max-queue auto
   sluiceway-pod check-config --config pod.yaml
+  sluiceway-pod fetch --uri s3://models/mlp/ --dest /mnt/models --endpoint http://store:9000
+"""
+
+FETCH_EPILOG = """\
+Stores: s3://bucket/key (one object) or s3://bucket/prefix/ (every object under it), http(s)://.../file.
+S3 credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN from the environment, or
+files of those names in --credentials-dir (a mounted Secret). They are never printed.
+Endpoint and region also from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION.
+
+A broken transfer resumes with Range (--retries times, then fails). Progress lines go to stdout.
+Exit status: 0 done, 2 bad arguments, 10 no such key, 11 access denied, 12 digest mismatch,
+13 out of space (--max-bytes or a full disk), 14 store unreachable or died mid-download,
+15 other store error. The reason is one line on stderr (and in --termination-log).
+
+Examples:
+  sluiceway-pod fetch --uri https://example.com/m.onnx --dest /mnt/models --sha256 <64 hex>
+  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\
+    sluiceway-pod fetch --uri s3://models/mlp/ --dest /mnt/models --endpoint http://store:9000
 """
 
 COMMANDS = {
@@ -100,11 +120,39 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--max-queue", type=_int_or_auto, metavar="N|auto", help="queue bound, or auto (N*T/S)")
         s.add_argument("--queue-timeout", type=float, metavar="SECONDS", help="longest queue wait, then 503")
         s.add_argument("--exec-timeout", type=float, metavar="SECONDS", help="longest execution, then 504")
+    f = sub.add_parser(
+        "fetch",
+        help="download a model from object storage (the storage initializer)",
+        description="Download a model into --dest before the pod starts: verify digests, resume a broken "
+        "download, print progress, and fail with a one-line reason and a distinct exit status.",
+        epilog=FETCH_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    f.add_argument("--uri", required=True, help="s3://bucket/key, s3://bucket/prefix/, or http(s)://host/path")
+    f.add_argument("--dest", required=True, metavar="DIR", help="directory to download into (an emptyDir)")
+    f.add_argument(
+        "--sha256", action="append", metavar="HEX|NAME=HEX", help="expected digest (NAME=HEX per file of a prefix)"
+    )
+    f.add_argument("--max-bytes", type=int, metavar="N", help="refuse (out-of-space) a model larger than this")
+    f.add_argument("--endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL_S3, AWS's)")
+    f.add_argument("--region", help="S3 region for signing (default AWS_REGION or us-east-1)")
+    f.add_argument("--addressing", choices=["path", "virtual"], help="S3 bucket addressing (default path)")
+    f.add_argument("--credentials-dir", metavar="DIR", help="read AWS_* credential files from here (a Secret)")
+    f.add_argument("--retries", type=int, metavar="N", help="retries of a broken transfer (default 5)")
+    f.add_argument("--backoff", type=float, metavar="SECONDS", help="first retry delay, doubling (default 0.5)")
+    f.add_argument("--timeout", type=float, metavar="SECONDS", help="connect/read stall timeout (default 30)")
+    f.add_argument("--limit-rate", type=int, metavar="BYTES_PER_S", help="cap the download rate")
+    f.add_argument("--progress-seconds", type=float, metavar="SECONDS", help="between progress lines (default 2)")
+    f.add_argument("--termination-log", metavar="FILE", help="also write the failure line here")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
+    if ns.command == "fetch":
+        from .fetch import main as fetch_main
+
+        return fetch_main(ns, termination_log=ns.termination_log)
     try:
         cfg = load_config(ns.config, _flags(ns))
     except (ConfigError, OSError) as e:
