@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 EXIT_CODES = {
     "no-such-key": 10,
@@ -274,6 +274,25 @@ class Fetcher:
             raise
         return conn, resp
 
+    def _get(
+        self, t: Target, extra: dict[str, str]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """GET, following up to 5 redirects of an http(s) store (a CDN behind a release URL). The
+        basic-auth header goes only to the host that was named; signed S3 requests are not redirected."""
+        for _ in range(6):
+            conn, resp = self._request("GET", t, extra)
+            location = resp.getheader("location")
+            if resp.status not in (301, 302, 303, 307, 308) or not location or self.o.uri.startswith("s3://"):
+                return conn, resp
+            resp.read()
+            conn.close()
+            u = urlsplit(urljoin(f"{t.scheme}://{t.host.rsplit('@', 1)[-1]}{t.path}", location))
+            if u.scheme not in ("http", "https"):
+                raise self._fail("store-error", f"{t.shown()}: redirected to a {u.scheme!r} URL")
+            headers = dict(t.headers) if u.netloc == t.host.rsplit("@", 1)[-1] else {}
+            t = Target(u.scheme, u.netloc, (u.path or "/") + (f"?{u.query}" if u.query else ""), {}, headers)
+        raise self._fail("store-error", f"{t.shown()}: more than 5 redirects")
+
     def _store_error(self, t: Target, resp: http.client.HTTPResponse) -> FetchError:
         body = resp.read(64 * 1024)
         code = message = ""
@@ -430,7 +449,7 @@ class Fetcher:
             extra = {"range": f"bytes={have}-"} if have else {}
             if have and state["etag"]:
                 extra["if-range"] = str(state["etag"])
-            conn, resp = self._request("GET", item.target, extra)
+            conn, resp = self._get(item.target, extra)
             try:
                 if have and resp.status == 416:  # the .part is already whole
                     resp.read()

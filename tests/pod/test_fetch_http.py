@@ -29,6 +29,13 @@ class Store(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path.startswith("/release/"):  # a release URL that sends clients to its CDN
+            Store.served.append(f"redirect {self.headers.get('Authorization') is not None}")
+            self.send_response(302)
+            self.send_header("Location", "/model.onnx?cdn-token=abc")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/secret"):
             self.send_error(403, "Forbidden")
             return
@@ -115,3 +122,12 @@ def test_a_store_that_keeps_breaking_gives_up_with_its_reason(store: str, tmp_pa
     out = fetch(tmp_path, "--uri", f"{store}/model.onnx", "--retries", "2", "--backoff", "0.05")
     assert out.returncode == EXIT_CODES["store-unreachable"], out.stderr
     assert "the transfer broke at" in out.stderr and "gave up after 3 attempts" in out.stderr, out.stderr
+
+
+def test_redirects_are_followed(store: str, tmp_path: Path) -> None:
+    host = store.removeprefix("http://")
+    digest = hashlib.sha256(BODY).hexdigest()
+    out = fetch(tmp_path, "--uri", f"http://u:p@{host}/release/v1/model.onnx", "--sha256", digest)
+    assert out.returncode == 0, out.stderr
+    assert Store.served == ["redirect True", "full"]
+    assert (tmp_path / "model.onnx").read_bytes() == BODY
