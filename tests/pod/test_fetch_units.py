@@ -36,3 +36,23 @@ def test_digests_and_credentials_are_checked_and_scrubbed(tmp_path: object) -> N
     assert c is not None and c.scrub("key AKID1 secret s3cr3t") == "key *** secret ***"
     t = Target("https", "user:pw@store:443", "/b/k?X-Amz-Signature=abc")
     assert t.shown() == "https://store:443/b/k"
+
+
+def test_docs_models_md_lists_every_exit_code_and_flag() -> None:
+    """docs/models.md's exit-code table and usage block stay what the command does."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sluiceway_pod.fetch import EXIT_CODES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    table = {m[1]: int(m[0]) for m in re.findall(r"^\| (\d+) \| ([a-z-]+) \|", doc, re.M)}
+    assert table == EXIT_CODES
+    usage = doc.split("sluiceway-pod fetch --uri URI", 1)[1].split("```", 1)[0]
+    helptext = subprocess.run(
+        [sys.executable, "-m", "sluiceway_pod.cli", "fetch", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    flags = set(re.findall(r"--[a-z][a-z0-9-]+", usage)) | {"--uri", "--dest"}
+    assert flags and all(f in helptext for f in flags), flags - {f for f in flags if f in helptext}
