@@ -9,7 +9,8 @@ The same hostile-client guarantees the pod gives (docs/reliability.md):
 * **Max body**: a declared or streamed body over ``max_body`` gets 413 and the connection closes; the
   body is buffered, bounded by ``max_body`` (a refused request can be sent to a second pod).
 * **Header flood**: more than ``max_headers`` headers or ``max_header_bytes`` of them: 431 and close.
-* **Max connections**: a connection over ``max_connections`` gets 503 and is closed.
+* **Max connections**: a connection over ``max_connections`` gets 503 and is closed (after a lingering
+  second in which what it sends is dropped, so the answer is not lost to a reset).
 * **Pipelining**: requests parsed ahead wait in a per-connection queue of at most ``max_pipelined``
   (then the socket is not read) and are served one at a time, so answers go out in order.
 * Malformed requests get 400 and the connection closes. Every parsed request gets one answer.
@@ -163,7 +164,12 @@ class ServerProtocol(asyncio.Protocol):
             err = TooManyConnections(f"over {lim.max_connections} open connections")
             Responder(self, keep_alive=False).send_error(err)
             self.dead = True
-            self.transport.close()
+            # half-close and drop what the client sends for a moment, then close: closing with the
+            # client's request unread would reset the connection and could lose the 503 (lingering close)
+            self.stop_parsing = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
             return
         self.state.connections.add(self)
         self._arm(lim.header_timeout, self._header_late)
@@ -349,7 +355,7 @@ class ServerProtocol(asyncio.Protocol):
                 keep = False
         self.busy = False
         if not (keep and out.keep_alive) or self.dead:
-            self._close()
+            self._close(linger=req.error is not None)
             return
         if self.read_paused and len(self.queue) < self.state.limits.max_pipelined:
             self.read_paused = False
@@ -363,10 +369,17 @@ class ServerProtocol(asyncio.Protocol):
         elif self.current is None:
             self._arm(self.state.limits.header_timeout, self._header_late)  # idle: bounded
 
-    def _close(self) -> None:
+    def _close(self, linger: bool = False) -> None:
+        """Close; with ``linger`` (a refusal while the client may still be sending its body) half-close
+        first and drop input for up to a second, so the refusal is not lost to a reset."""
         self.stop_parsing = True
         self._disarm()
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
+            return
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
+        else:
             self.transport.close()
 
 
