@@ -18,30 +18,40 @@ The rule, in order:
    * utilisation: ``ceil(ready * utilisation / target_utilisation)``, where ``ready`` is
      ``Signals.ready_replicas`` when known (else ``current``): the pods that produced the
      measurement, as the HPA uses its ready pod count;
-   * demand (only while requests are refused, i.e. the offered rate exceeds the completed rate by
-     more than 2 %): ``ceil(offered * request_cost / (permits * target_utilisation))`` (Little's
-     law; ``request_cost`` is device seconds per answered request). A saturated pod's utilisation
-     reads 1 whatever the demand; the offered rate (answered or refused) measures it.
-     When this term applies, the backlog term is capped at it: saturated pods hold full queues
-     whatever the demand, and counting that as demand overshoots;
+   * demand: ``ceil(offered * request_cost / (permits * target_utilisation))`` (Little's law;
+     ``request_cost`` is device seconds per answered request). A saturated pod's utilisation
+     reads 1 whatever the demand; the offered rate (answered or refused) measures it. It applies
+     whenever measured (``sustained_demand``, issue 21; before, only while requests were refused,
+     i.e. the offered rate exceeded the completed rate by more than 2 %). While requests are
+     refused the backlog term is capped at it: saturated pods hold full queues whatever the
+     demand, and counting that as demand overshoots;
+   * requests in the pods (``Signals.requests_in_pods``, running + queued, a gauge: the
+     concurrency Knative's KPA and KEDA's in-flight triggers scale on):
+     ``ceil(in_pods / (permits * target_utilisation))``. It reads the load now and does not fade
+     while the load lasts;
    * predictive (only with ``predict_seconds`` set; off by default): the offered rate projected
      ``predict_seconds`` ahead along its trend, over what one replica completes at the target
      utilisation: ``ceil(current * utilisation * projected / completed / target_utilisation)``.
      Used only while the offered rate is rising. ``predict_seconds`` is meant to be the pods'
      start-up time, so capacity asked for now is ready when the load arrives (see docs/scalesim.md).
 
-   bounded by ``[min_replicas, max_replicas]``.
+   bounded by ``[min_replicas, max_replicas]``. The backlog, wait and requests-in-pods terms
+   measure a *shortage*: they lift the count now and fade once new capacity absorbs it. The
+   utilisation, demand and predictive terms measure the *load*: only they are recorded in the
+   history (when ``sustained_demand`` and any of them is known), so the stabilisation window holds
+   what the load needs, not a queue that is gone.
 3. **Fast up.** Above ``current`` the recommendation applies at once (the scale-up window is 0),
    limited only by an optional step: at most ``max(current + max_pods, current * (1 + max_percent))``.
    While pods asked for earlier are still starting (``ready_replicas < current``), the step is
    taken from the ready count instead, and never lowers ``current``: a backlog that capacity already
    on its way will absorb is not paid for again on every poll (the simulator showed that without
    this the fleet overshoots to ``max_replicas`` when pods take minutes to start). The measured
-   demand (below) is exempt: a flash crowd gets what its offered rate needs at once.
+   load (the demand and requests-in-pods terms) is exempt: a flash crowd gets what it needs at once.
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
    ``stabilization_window`` seconds (HPA semantics), and it may not drop more than
    ``max(max_pods, max_percent %)`` below the highest replica count decided within the last
-   ``period`` seconds.
+   ``period`` seconds. A count lifted above the load terms by a shortage (recorded as ``lifted``)
+   is not paced down: the pace starts from the highest decision that was not lifted.
 5. **Release.** When every recommendation of the last ``release_window`` seconds (default 20 min)
    is below ``current``, the pace of step 4 no longer holds the count above the highest of them: a
    surplus that outlasted the window (the tail of a flash crowd) goes at once, while a lull shorter
@@ -93,6 +103,9 @@ class Signals:
     permits: int | None = None
     #: Pods that serve (scraped and up). Below the current replica count, pods are still starting.
     ready_replicas: int | None = None
+    #: Requests in the pods, running and queued, summed over the pods (None: not read): the
+    #: concurrency that Knative's KPA and KEDA's in-flight triggers scale on.
+    requests_in_pods: float | None = None
     ok: bool = True
     detail: str = ""
 
@@ -136,6 +149,9 @@ class ScalingSpec:
     target_utilisation: float | None = None
     #: Predictive term: project the offered rate this many seconds ahead (None: off).
     predict_seconds: float | None = None
+    #: The demand term applies whenever it is measured, not only while requests are refused
+    #: (issue 21). False: the rule before it.
+    sustained_demand: bool = True
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -176,6 +192,8 @@ class HistoryEntry:
     at: float
     recommendation: int
     replicas: int
+    #: the decision went above the recorded recommendation on a scale-up (a shortage term lifted it)
+    lifted: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,9 +221,12 @@ def _ceil(x: float) -> int:
     return math.ceil(x - _EPS) if x > 0 else 0
 
 
-def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, int | None]:
-    """The raw recommendation, its explanation, and the demand term's value (None: n/a)."""
-    parts: list[tuple[int, str]] = []
+def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, int | None, int]:
+    """The raw recommendation, its explanation, the measured load's value (demand or requests in
+    the pods; None: n/a) and the recommendation the history records (the load terms only, when
+    ``spec.sustained_demand`` and there are any; else the raw recommendation)."""
+    parts: list[tuple[int, str]] = []  # shortage terms
+    load_parts: list[tuple[int, str]] = []
     assert signals.queue_depth is not None
     # The proportional terms scale the pods that produced the measurement: the ready ones when
     # known (like the HPA's readyPodCount). Multiplying by ``current`` while pods are still
@@ -216,7 +237,7 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, i
         n = _ceil(max(0.0, signals.queue_depth) / spec.target_queue_per_replica)
         target = spec.target_queue_per_replica
         text = f"backlog {signals.queue_depth:g}/{target:g} per replica -> {n}"
-        if demand is not None and n > demand[0]:
+        if demand is not None and demand[2] and n > demand[0]:
             # Saturated pods hold a full queue whatever the demand; when the demand is measured,
             # the backlog asks for no more than it (the new capacity drains the queue).
             n = demand[0]
@@ -229,33 +250,59 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, i
     if spec.target_utilisation is not None and signals.utilisation is not None and serving > 0:
         u = max(0.0, signals.utilisation)
         n = _ceil(serving * u / spec.target_utilisation)
-        parts.append((n, f"utilisation {u:.2f} vs {spec.target_utilisation:.2f} x {serving} -> {n}"))
+        load_parts.append((n, f"utilisation {u:.2f} vs {spec.target_utilisation:.2f} x {serving} -> {n}"))
+    in_pods = _in_pods(signals, spec)
+    if in_pods is not None:
+        parts.append(in_pods)
     if demand is not None:
-        parts.append(demand)
+        load_parts.append((demand[0], demand[1]))
     predicted = _predicted(signals, spec, serving)
     if predicted is not None:
-        parts.append(predicted)
+        load_parts.append(predicted)
+    parts += load_parts
     if not parts:
-        return 0, "no wait observed and no backlog target", None
+        return 0, "no wait observed and no backlog target", None, 0
     best = max(parts, key=lambda p: p[0])
-    return best[0], "; ".join(p[1] for p in parts), demand[0] if demand is not None else None
+    # What the history records: the load terms (utilisation, demand, prediction) hold the count;
+    # the shortage terms (backlog, wait, requests in saturated pods) lift it now and fade once new
+    # capacity absorbs the shortage, so remembering them holds capacity nothing measures any more.
+    load = [n for n, _ in load_parts]
+    settled = max(load) if load and spec.sustained_demand else best[0]
+    # The measured load (demand and requests in the pods) is exempt from the scale-up step taken
+    # from the ready pods (rule 3): it is what the service needs now, not a backlog to be paid again.
+    measured = [x[0] for x in (demand, in_pods) if x is not None]
+    return best[0], "; ".join(p[1] for p in parts), max(measured) if measured else None, settled
 
 
-def _demand(signals: Signals, spec: ScalingSpec, serving: int) -> tuple[int, str] | None:
-    """The demand term: while requests are being refused, the replicas the offered rate needs at
-    the target utilisation (Little's law: busy permits = offered rate x device seconds per request).
-    None when off (no utilisation target) or not applicable."""
+def _demand(signals: Signals, spec: ScalingSpec, serving: int) -> tuple[int, str, bool] | None:
+    """The demand term: the replicas the offered rate needs at the target utilisation (Little's
+    law: busy permits = offered rate x device seconds per request), and whether requests are being
+    refused now (offered above completed by more than 2 %). With ``spec.sustained_demand`` off it
+    applies only while refused. None when off (no utilisation target) or not applicable."""
     if spec.target_utilisation is None or serving <= 0:
         return None
     offered, cost, permits = signals.offered_rate, signals.request_cost, signals.permits
     done = signals.completion_rate if signals.completion_rate is not None else signals.arrival_rate
     if offered is None or cost is None or permits is None or done is None or cost <= 0 or permits <= 0:
         return None
-    if offered <= done * 1.02:
+    refusing = offered > done * 1.02
+    if not refusing and not spec.sustained_demand:
         return None
     n = _ceil(offered * cost / (permits * spec.target_utilisation))
     tu = spec.target_utilisation
-    return n, f"demand {offered:.3g}/s offered x {cost:.3g}s / ({permits} permits x {tu:.2f}) -> {n}"
+    return n, f"demand {offered:.3g}/s offered x {cost:.3g}s / ({permits} permits x {tu:.2f}) -> {n}", refusing
+
+
+def _in_pods(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
+    """The concurrency term: the replicas that hold the requests in the pods (running and queued)
+    at the target utilisation of their permits, ``ceil(in_pods / (permits x target))``. It reads
+    the load now (a gauge, not a rate over a window) and does not fade while the load lasts, unlike
+    the backlog and wait terms once new capacity has absorbed the queue. None when off or unknown."""
+    tu, permits, n_in = spec.target_utilisation, signals.permits, signals.requests_in_pods
+    if tu is None or permits is None or permits <= 0 or n_in is None or not spec.sustained_demand:
+        return None
+    n = _ceil(max(0.0, n_in) / (permits * tu))
+    return n, f"{n_in:.4g} requests in the pods / ({permits} permits x {tu:.2f}) -> {n}"
 
 
 def _predicted(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str] | None:
@@ -309,8 +356,9 @@ def desired_replicas(
         entry = HistoryEntry(now, current, current)
         return Decision(current, f"held at {current}: {why}", current, True, history.recorded(entry, keep))
 
-    raw, why, demand = _raw(signals, spec, current)
+    raw, why, demand, settled = _raw(signals, spec, current)
     bounded = min(spec.max_replicas, max(spec.min_replicas, raw))
+    recorded = min(spec.max_replicas, max(spec.min_replicas, settled)) if spec.sustained_demand else bounded
     if bounded != raw:
         why += f"; bounded to [{spec.min_replicas}, {spec.max_replicas}] -> {bounded}"
 
@@ -353,6 +401,11 @@ def desired_replicas(
             period_start = now - down.period
             recent = [e.replicas for e in history.entries if e.at >= period_start]
             top = max([current, *recent])
+            if history.entries and history.entries[-1].lifted:
+                # The count was lifted above the load terms by a shortage (rule 2): that capacity is
+                # not paced down; the pace starts from the highest recommendation held.
+                top = max([replicas, *(e.replicas for e in history.entries if e.at >= period_start and not e.lifted)])
+                why += f"; lifted by a shortage, paced from {top}"
             allowed = max(
                 down.max_pods or 0,
                 math.floor(top * down.max_percent / 100.0) if down.max_percent is not None else 0,
@@ -371,5 +424,8 @@ def desired_replicas(
     else:
         replicas = bounded
 
-    entry = HistoryEntry(now, bounded, replicas)
+    lifted = replicas > recorded and replicas > current
+    if not lifted and replicas == current and history.entries and history.entries[-1].lifted:
+        lifted = replicas > recorded  # still holding a lifted count
+    entry = HistoryEntry(now, recorded, replicas, lifted)
     return Decision(replicas, why, raw, False, history.recorded(entry, keep))

@@ -44,6 +44,8 @@ class Queries:
     quota_fallback_pods: str = ""
     offered_rate: str = ""
     request_cost: str = ""
+    #: Requests in the pods, running and queued, summed (issue 21: the policy's concurrency term).
+    requests_in_pods: str = ""
 
     @classmethod
     def build(cls, namespace: str, inference_service: str, window: str = "2m") -> Queries:
@@ -73,6 +75,11 @@ class Queries:
                 f"sum(rate({m.REQUESTS}{{{s}}}[{window}]))"
                 f' - (sum(rate({m.REJECTED}{{{s},reason=~"{"|".join(m.NOT_DEMAND_REASONS)}"}}[{window}]))'
                 " or vector(0))"
+            ),
+            # Requests in the pods now, running (permits held) and queued, summed over the pods
+            # (``Signals.requests_in_pods``). Empty when no pod reports: the term is skipped.
+            requests_in_pods=(
+                f"sum({m.CONCURRENCY_IN_USE}{{{s}}}) + (sum({m.QUEUE_DEPTH}{{{s}}}) or vector(0))"
             ),
             # Device seconds per answered request (batches share their device time).
             request_cost=(

@@ -176,3 +176,72 @@ def test_release_history_is_kept_long_enough_and_a_short_release_window_is_inert
     with pytest.raises(ValueError, match="release_window"):
         ScalingSpec(min_replicas=1, max_replicas=2, target_queue_per_replica=1,
                     scale_down=ScaleDownPolicy(release_window=0))
+
+
+# ------------------------------------------------------------------ issue 21: load that does not fade
+DEMO = ScalingSpec(  # samples/sandbox-demo.yaml before issue 21: 20 s scale-down window, 2 permits
+    min_replicas=1,
+    max_replicas=4,
+    target_queue_per_replica=4,
+    target_wait_p95=0.5,
+    target_utilisation=0.8,
+    scale_up=ScaleUpPolicy(max_pods=4),
+    scale_down=ScaleDownPolicy(stabilization_window=20, max_pods=4, period=5),
+)
+
+
+def test_steady_overload_keeps_the_count_once_the_queue_has_drained() -> None:
+    """The demo's flap (issue 21): at 3x one replica's load, the queue and wait terms pushed the
+    count to 4 and fade once 4 pods absorb the load; the 1-minute terms still mix in the earlier
+    phases (utilisation 0.47 of 4 pods -> 3; offered 100/s over the minute -> 3). With a 20 s
+    window the answer was 3. The demand term now applies without refusals and the requests in the
+    pods (6 running, 1 queued: 7 / (2 x 0.8) -> 5, bounded to 4) read the load now: 4 holds."""
+    history = ScaleHistory((HistoryEntry(940.0, 4, 4), HistoryEntry(970.0, 3, 4)))
+    steady = Signals(
+        queue_depth=1, wait_p95=0.05, utilisation=0.47, offered_rate=100.0, completion_rate=100.0,
+        request_cost=0.05, permits=2, ready_replicas=4, requests_in_pods=7,
+    )
+    assert desired_replicas(steady, DEMO, 4, history, 1000.0).replicas == 4
+    old = replace(DEMO, sustained_demand=False)
+    assert desired_replicas(steady, old, 4, history, 1000.0).replicas == 3  # the flap, as before
+    unknown = replace(steady, requests_in_pods=None)
+    assert desired_replicas(unknown, DEMO, 4, history, 1000.0).replicas == 4  # demand alone: 100 x 0.05 / 1.6
+
+
+def test_demand_applies_without_refusals_and_in_pods_reads_the_load_now() -> None:
+    # 10 pods, 200/s offered and completed at 0.2 s: 200 * 0.2 / (4 * 0.8) = 12.5 -> 13. The
+    # utilisation (0.5) averaged over a window in which half the scraped pods still warmed up.
+    calm = Signals(
+        queue_depth=0, utilisation=0.5, offered_rate=200, completion_rate=200, request_cost=0.2, permits=4,
+        ready_replicas=10,
+    )
+    d = desired_replicas(calm, SPEC, 10, ScaleHistory(), 0.0)
+    assert d.replicas == 13 and "demand" in d.reason
+    # before: demand only while refused; the utilisation's 7 is a (paced) scale-down under full load
+    assert decide(calm, 10, replace(SPEC, sustained_demand=False)) == 9
+    busy = replace(calm, requests_in_pods=64.0)  # 64 / (4 x 0.8) = 20
+    d = desired_replicas(busy, SPEC, 10, ScaleHistory(), 0.0)
+    assert d.replicas == 20 and "requests in the pods" in d.reason
+
+
+def test_requests_in_pods_are_exempt_from_the_ready_step_and_not_remembered() -> None:
+    """A flash crowd: 100 pods asked for, 10 serve with full queues (44 requests each). The requests
+    in the pods ask for 440 / 3.2 = 138 at once (the ready-based step alone allowed 20). The
+    history records the load terms only (here none but the backlog capped at demand): once the new
+    pods absorb the queue, the lifted count is not paced down from its top."""
+    sat = Signals(queue_depth=400, utilisation=1.0, ready_replicas=10, permits=4, requests_in_pods=440.0)
+    d = desired_replicas(sat, SPEC, 100, ScaleHistory(), 0.0)
+    assert d.replicas == 138
+    assert d.history.entries[-1].lifted
+    # 5 minutes later the 138 pods serve what 60 need; the pace (1 pod per 60 s) applied to the
+    # lifted 138 would keep 137, the count goes to the highest load recommendation held instead
+    history = ScaleHistory(tuple(
+        HistoryEntry(15.0 * i, 60, 138, lifted=True) for i in range(1, 21)
+    ))
+    calm = Signals(queue_depth=0, utilisation=0.34, ready_replicas=138, permits=4, requests_in_pods=190.0)
+    d = desired_replicas(calm, SPEC, 138, history, 305.0)
+    assert d.replicas == 60, d.reason
+    assert "lifted by a shortage" in d.reason
+    # not lifted: the pace holds as before
+    paced = ScaleHistory(tuple(HistoryEntry(15.0 * i, 60, 138) for i in range(1, 21)))
+    assert desired_replicas(calm, SPEC, 138, paced, 305.0).replicas == 137
