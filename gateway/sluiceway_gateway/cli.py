@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--service", metavar="NAME", help="the pods' Service (with --watch-namespace)")
     s.add_argument("--routing", choices=["leastWait", "powerOfTwo", "random"])
     s.add_argument("--drain-seconds", type=float, default=10.0, help="wait for requests in flight on SIGTERM")
+    s.add_argument("--loop", default="auto", choices=["auto", "uvloop", "asyncio"],
+                   help="event loop: uvloop when installed (auto), or the standard one (bench/gateway_overhead.py)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -125,9 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     except GatewayConfigError as err:
         print(f"sluiceway-gateway: {err}", file=sys.stderr)
         return 2
-    try:
-        import uvloop
-    except ImportError:  # the plain asyncio loop works, slower
+    uvloop: Any = None
+    if ns.loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # the plain asyncio loop works, slower
+            if ns.loop == "uvloop":
+                print("sluiceway-gateway: --loop uvloop but uvloop is not installed", file=sys.stderr)
+                return 2
+    if uvloop is None:
         asyncio.run(run(config, ns.drain_seconds))
     else:
         uvloop.run(run(config, ns.drain_seconds))
