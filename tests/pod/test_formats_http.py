@@ -253,3 +253,17 @@ def test_a_pod_with_an_unreadable_model_exits_with_the_reason(tmp_path: Path) ->
     (tmp_path / "model.onnx").write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match="not an ONNX ModelProto"):
         start_pod(tmp_path, config={"model": {"name": "m", "spec": str(tmp_path / "model.onnx")}}, timeout=60)
+
+
+def test_a_request_that_does_not_fit_the_model_is_400(served: Served) -> None:
+    """The model's own tensors (or the declared ones) decide: a wrong shape, dtype or name is a
+    400 that names it, never a model crash."""
+    name = served.case.inputs[0]["name"]
+    bad = [
+        ({"name": name, "shape": [1, 5], "datatype": "FP32", "data": [1.0] * 5}, "does not match"),
+        ({"name": name, "shape": [1, 16], "datatype": "INT64", "data": [1] * 16}, "expected 'FP32'"),
+        ({"name": "nope", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16}, "unknown input"),
+    ]
+    for inp, why in bad:
+        r = httpx.post(served.pod.infer_url, json={"inputs": [inp]}, timeout=10)
+        assert r.status_code == 400 and why in r.json()["error"], r.text
