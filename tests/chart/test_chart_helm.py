@@ -82,10 +82,13 @@ def test_helm_lint_strict(helm: str, home: Path) -> None:
         (["--set-string", "scaler.replicas=2"], "at '/scaler/replicas': got string, want integer"),
         (["--set", "operator.logFormat=xml"], "at '/operator/logFormat': value must be one of"),
         (["--set", "image.digest=latest"], "at '/image/digest': 'latest' does not match pattern"),
-        (["--set", "scaler.tls.enabled=true"], "at '/scaler/tls/secretName': minLength: got 0, want 1"),
+        # your own certificates: both Secrets or neither (the chart generates them)
+        (["--set", "scaler.tls.secretName=s"], "at '/scaler/tls/kedaClientSecret': minLength: got 0, want 1"),
+        (["--set", "scaler.tls.kedaClientSecret=k"], "at '/scaler/tls/secretName': minLength: got 0, want 1"),
+        (["--set", "scaler.workers=0"], "at '/scaler/workers': minimum: got 0, want 1"),
         (
-            ["--set", "scaler.tls.enabled=true,scaler.tls.secretName=s"],
-            "at '/scaler/tls/kedaClientSecret': minLength: got 0, want 1",
+            ["--set", "operator.policy.allowedServiceAccounts={a,b c}"],
+            "at '/operator/policy/allowedServiceAccounts/1': 'b c' does not match pattern",
         ),
         (["--set", "scaler.quota.leaseSeconds=120"], "at '/scaler/quota/leaseSeconds': maximum: got 120, want 60"),
         (
@@ -308,6 +311,11 @@ def test_default_objects_are_valid(defaults: list[dict[str, Any]]) -> None:
             "Deployment",
             "Service",
             "ConfigMap",
+            # mutual TLS of the scaler, on by default: generated server and KEDA client Secrets,
+            # and the ClusterTriggerAuthentication KEDA reads its client certificate from
+            "Secret",
+            "Secret",
+            "ClusterTriggerAuthentication",
         ]
     ), kinds
     assert not any(d["apiVersion"] == MONITORING_API or d["kind"] == "NetworkPolicy" for d in defaults)
@@ -386,7 +394,7 @@ def test_operator_settings_reach_the_operator(all_on: list[dict[str, Any]], defa
 
 
 def test_quota_coordinator_reaches_the_operator(
-    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]], helm: str, home: Path
+    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]], helm: str, home: Path, tmp_path: Path
 ) -> None:
     """scaler.quota.enabled: the operator points the pods at the scaler's quota port, with the
     scaler's lease; the operator reads the settings and renders a pod config the pod accepts."""
@@ -405,7 +413,10 @@ def test_quota_coordinator_reaches_the_operator(
     assert other_env["SLUICEWAY_QUOTA_LEASE_SECONDS"] == "2.5"
     assert "--quota-lease-seconds" in _args(other) and "2.5" in _args(other)
 
-    cfg = config_from_env(other_env)
+    assert other_env["SLUICEWAY_QUOTA_KEY_FILE"] == "/etc/sluiceway/quota-key/key"  # the chart's Secret
+    key = tmp_path / "key"
+    key.write_text("k" * 64)
+    cfg = config_from_env(other_env | {"SLUICEWAY_QUOTA_KEY_FILE": str(key)})
     spec = parse_spec(
         {"model": {"image": "i:1", "format": "demo", "source": "demo"}, "access": {"defaults": {"rate": "5/s"}}}
     )
@@ -413,7 +424,11 @@ def test_quota_coordinator_reaches_the_operator(
         Owner("demo", "team-a", "u"),
         spec,
         {},
-        Environment(quota_coordinator_url=cfg.quota_coordinator_url, quota_lease_seconds=cfg.quota_lease_seconds),
+        Environment(
+            quota_coordinator_url=cfg.quota_coordinator_url,
+            quota_lease_seconds=cfg.quota_lease_seconds,
+            quota_key=cfg.quota_key,
+        ),
     )
     quota = rendered.pod_config.quota
     assert quota is not None and quota.coordinator_url == "http://sluiceway-scaler.sluiceway-system.svc:7000"
@@ -423,7 +438,7 @@ def test_quota_coordinator_reaches_the_operator(
 
 
 def test_scaler_tls_gives_keda_its_client_certificate(
-    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]]
+    all_on: list[dict[str, Any]], defaults: list[dict[str, Any]], helm: str, home: Path, tmp_path: Path
 ) -> None:
     """KEDA v2.21 reads an external scaler's caCert/tlsClientCert/tlsClientKey only from a
     TriggerAuthentication: with TLS on, the chart renders the ClusterTriggerAuthentication the
@@ -439,21 +454,32 @@ def test_scaler_tls_gives_keda_its_client_certificate(
     assert (
         _env(find(all_on, "Deployment", "sluiceway-operator"))["SLUICEWAY_SCALER_AUTHENTICATION"] == "sluiceway-scaler"
     )
-    assert not [d for d in defaults if d["kind"] == "ClusterTriggerAuthentication"]
-    assert "SLUICEWAY_SCALER_AUTHENTICATION" not in _env(find(defaults, "Deployment", "sluiceway-operator"))
-    from sluiceway_operator.settings import config_from_env
-
-    assert config_from_env(_env(find(all_on, "Deployment", "sluiceway-operator"))).scaler_authentication == (
+    # mutual TLS is the default: the generated KEDA client Secret, named by the same CTA
+    generated = find(defaults, "ClusterTriggerAuthentication", "sluiceway-scaler")["spec"]["secretTargetRef"]
+    assert {r["name"] for r in generated} == {"sluiceway-keda-client"}
+    assert _env(find(defaults, "Deployment", "sluiceway-operator"))["SLUICEWAY_SCALER_AUTHENTICATION"] == (
         "sluiceway-scaler"
     )
+    plain = template(helm, home, {"scaler": {"tls": {"enabled": False}}})
+    assert not [d for d in plain if d["kind"] in ("ClusterTriggerAuthentication", "Secret")]
+    assert "SLUICEWAY_SCALER_AUTHENTICATION" not in _env(find(plain, "Deployment", "sluiceway-operator"))
+    from sluiceway_operator.settings import config_from_env
+
+    key = tmp_path / "key"
+    key.write_text("k" * 64)  # the chart mounts its quota key there; any 32+ bytes will do here
+    env = _env(find(all_on, "Deployment", "sluiceway-operator")) | {"SLUICEWAY_QUOTA_KEY_FILE": str(key)}
+    assert config_from_env(env).scaler_authentication == "sluiceway-scaler"
 
 
 def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]], all_on: list[dict[str, Any]]) -> None:
-    # No Prometheus configured: no allow-list flag (the scaler's own default applies).
-    assert _args(defaults) == ["serve", "--port", "9090", "--metrics-port", "9091"]
+    # No Prometheus configured: no allow-list flag (the scaler's own default applies); mutual TLS on.
+    bounds = ["--workers", "64", "--max-triggers", "4096"]
+    mtls = ["--tls-cert", "/etc/sluiceway/tls/tls.crt", "--tls-key", "/etc/sluiceway/tls/tls.key",
+            "--tls-ca", "/etc/sluiceway/tls/ca.crt"]
+    assert _args(defaults) == ["serve", "--port", "9090", "--metrics-port", "9091", *bounds, *mtls]
     # The chart's Prometheus is the default allow-list.
     only_url = template(helm, home, {"operator": {"prometheusUrl": "http://prom.mon.svc:9090"}})
-    assert _args(only_url)[5:] == ["--allowed-prometheus", "http://prom.mon.svc:9090"]
+    assert _args(only_url)[9:-6] == ["--allowed-prometheus", "http://prom.mon.svc:9090"]
     # An explicit list adds to it (once each).
     both = template(
         helm,
@@ -463,7 +489,7 @@ def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]],
             "scaler": {"allowedPrometheusUrls": ["http://b:9090"]},
         },
     )
-    assert _args(both)[5:] == [
+    assert _args(both)[9:-6] == [
         "--allowed-prometheus",
         "http://prom.mon.svc:9090",
         "--allowed-prometheus",
@@ -477,6 +503,7 @@ def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]],
         "9090",
         "--metrics-port",
         "9091",
+        *bounds,
         "--allowed-prometheus",
         "http://prometheus.monitoring.svc:9090",
         "--allowed-prometheus",
@@ -491,6 +518,8 @@ def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]],
         "9092",
         "--quota-lease-seconds",
         "3",
+        "--quota-key-file",
+        "/etc/sluiceway/quota-key/key",
     ]
     spec = find(all_on, "Deployment", "sluiceway-scaler")["spec"]["template"]["spec"]
     tls = next(v for v in spec["volumes"] if v["name"] == "tls")
@@ -580,8 +609,17 @@ def test_network_policies(all_on: list[dict[str, Any]]) -> None:
     assert grpc["ports"] == [{"port": "grpc", "protocol": "TCP"}]
     assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert quota["ports"] == [{"port": "quota", "protocol": "TCP"}]
+    # only pods carrying the labels the operator sets, in the watched namespaces
+    operator_labelled = {
+        "matchLabels": {
+            "app.kubernetes.io/name": "sluiceway-pod",
+            "app.kubernetes.io/managed-by": "sluiceway-operator",
+        },
+        "matchExpressions": [{"key": "sluiceway.io/inferenceservice", "operator": "Exists"}],
+    }
     assert quota["from"] == [
-        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "sluiceway-pod"}}}
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}, "podSelector": operator_labelled}
+        for ns in ("team-a", "team-b")
     ]
     assert grpc["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}]
     operator = find(all_on, "NetworkPolicy", "sluiceway-operator", "sluiceway-system")["spec"]
@@ -602,10 +640,10 @@ def test_http_clients_are_selectable(helm: str, home: Path) -> None:
 def test_template_guards_hold_without_the_schema(helm: str, home: Path) -> None:
     """The templates refuse the same mistakes when schema validation is skipped."""
     for args, message in (
-        (["--set", "scaler.tls.enabled=true"], "scaler.tls.enabled needs scaler.tls.secretName"),
+        (["--set", "scaler.tls.secretName=s"], "scaler.tls.secretName and scaler.tls.kedaClientSecret go together"),
         (
-            ["--set", "scaler.tls.enabled=true,scaler.tls.secretName=s"],
-            "scaler.tls.enabled needs scaler.tls.kedaClientSecret",
+            ["--set", "scaler.quota.enabled=true,scaler.replicas=2"],
+            "leases would sum above the quota",
         ),
         (
             ["--set", "scaler.enabled=false,scaler.quota.enabled=true"],

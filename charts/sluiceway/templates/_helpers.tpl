@@ -52,3 +52,38 @@ affinity:
 priorityClassName: {{ . }}
 {{- end }}
 {{- end }}
+
+{{/* The release's full name: the release name when it contains the chart's name, else
+release-chart (63 characters at most). Names the Secrets the chart generates per release. */}}
+{{- define "sluiceway.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else -}}
+{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+{{- end }}
+
+{{/* The quota key Secret (key `key`), mounted read-only in the operator and the scaler. */}}
+{{- define "sluiceway.quotaKeySecret" -}}
+{{ include "sluiceway.fullname" . | trunc 53 | trimSuffix "-" }}-quota-key
+{{- end }}
+
+{{/* Where the quota key is mounted (directory) in the operator and the scaler. */}}
+{{- define "sluiceway.quotaKeyDir" -}}
+/etc/sluiceway/quota-key
+{{- end }}
+
+{{/* Whether tenant quotas are on (the coordinator runs in the scaler). */}}
+{{- define "sluiceway.quotaOn" -}}
+{{- if and .Values.scaler.enabled .Values.scaler.quota.enabled -}}true{{- end -}}
+{{- end }}
+
+{{/* The scaler's TLS Secret (tls.crt, tls.key, ca.crt): the user's, or the one the chart generates. */}}
+{{- define "sluiceway.scalerTlsSecret" -}}
+{{ .Values.scaler.tls.secretName | default "sluiceway-scaler-tls" }}
+{{- end }}
+
+{{/* KEDA's client certificate Secret (in scaler.tls.kedaNamespace): the user's, or the generated one. */}}
+{{- define "sluiceway.kedaClientSecret" -}}
+{{ .Values.scaler.tls.kedaClientSecret | default "sluiceway-keda-client" }}
+{{- end }}
