@@ -294,3 +294,58 @@ def test_hostile_clients(pod_factory: Any, gateway_factory: Any, tmp_path: Path)
     time.sleep(0.2)
     assert httpx.get(f"{gw.url}/v2/health/live", timeout=5).status_code == 200
     assert gw.metric("sluiceway_gateway_refused_total", reason="payload_too_large") == 2
+
+
+def test_a_draining_pod_gets_no_new_request(pod_factory: Any, gateway_factory: Any) -> None:
+    """SIGTERM one pod under load: it finishes what it holds, and whatever reaches it afterwards (a 503
+    ``draining`` refusal, before any work) is sent to the other pod: every client answer is a 200."""
+    draining = pod_factory("--model", "synthetic:100", "--concurrency", "2")
+    other = pod_factory("--model", "synthetic:100", "--concurrency", "8")
+    gw = gateway_factory({"endpoints": endpoints(draining, other), "routing": "random", "seed": 2})
+    codes: Counter[int] = Counter()
+    lock = threading.Lock()
+    stop_at = time.monotonic() + 3.0
+
+    def client() -> None:
+        with httpx.Client(timeout=20) as c:
+            while time.monotonic() < stop_at:
+                r = c.post(gw.infer_url(), content=BODY)
+                with lock:
+                    codes[r.status_code] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    draining.proc.send_signal(15)
+    for t in threads:
+        t.join(30)
+    retried = gw.metric("sluiceway_gateway_retries_total")
+    print("codes:", dict(codes), "retries:", retried, "pod exit:", draining.proc.wait(30))
+    assert set(codes) == {200}, codes
+
+
+def test_gateway_sigterm_finishes_requests_in_flight(pod_factory: Any, gateway_factory: Any) -> None:
+    pod = pod_factory("--model", "synthetic:500", "--concurrency", "4")
+    gw = gateway_factory({"endpoints": endpoints(pod)})
+    results: list[int] = []
+
+    def one() -> None:
+        try:
+            results.append(httpx.post(gw.infer_url(), content=BODY, timeout=20).status_code)
+        except httpx.HTTPError as err:
+            results.append(-1)
+            print("client error:", err)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + 10
+    while gw.metric("sluiceway_gateway_in_flight") < 4:  # all four sent to the pod
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    gw.proc.send_signal(15)
+    for t in threads:
+        t.join(30)
+    assert gw.proc.wait(20) == 0
+    assert results == [200] * 4
