@@ -210,7 +210,7 @@ def test_a_model_larger_than_max_bytes_is_out_of_space(s3: S3Server, tmp_path: P
 
 
 def test_a_store_killed_mid_download_fails_then_the_next_run_resumes(s3: S3Server, tmp_path: Path) -> None:
-    body = os.urandom(48 * MIB)  # far more than the socket buffers hold, so the kill cuts the body
+    body = os.urandom(64 * MIB)  # far more than the socket buffers hold, so the kill cuts the body
     digest = hashlib.sha256(body).hexdigest()
     s3.put("models", "slow/model.bin", body)
     args = ["--uri", "s3://models/slow/model.bin", "--sha256", digest, "--retries", "2", "--backoff", "0.2",
