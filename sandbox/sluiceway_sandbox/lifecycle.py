@@ -80,6 +80,16 @@ def _python_module(layout: Layout, module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, "--state-dir", str(layout.state_dir), *args]
 
 
+def chart_values(prometheus_url: str, keda: bool, extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """The ``--set`` values of the sandbox's chart install. Without KEDA there is no client for the
+    scaler's mutual TLS (and no ClusterTriggerAuthentication CRD to hold it): it is turned off.
+    ``extra`` (``sluiceway sandbox up --set``) wins."""
+    values = {"operator.prometheusUrl": prometheus_url}
+    if not keda:
+        values["scaler.tls.enabled"] = "false"
+    return {**values, **dict(extra)}
+
+
 def apply_all(kube: Kube, objs: list[dict[str, Any]]) -> None:
     for obj in objs:
         if obj.get("kind") == "CustomResourceDefinition":
@@ -204,14 +214,16 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
             return bool(r.status == 200)
 
     wait_until(prometheus_ready, 60, f"Prometheus ready at {layout.prometheus_url}")
-    progress(f"helm: installing {CHART} as release {helm.RELEASE} in {helm.NAMESPACE}")
-    values = {"operator.prometheusUrl": layout.prometheus_url, **dict(opts.chart_values)}
-    helm.install(helm_bin, layout, CHART, values)
     if opts.keda:
+        # Before the chart: its scaler serves mutual TLS by default, with a ClusterTriggerAuthentication
+        # (KEDA's CRD) and KEDA's client certificate in KEDA's namespace, both of which must exist.
         from . import keda
 
         progress("KEDA: CRDs, RBAC, operator and metrics adapter, APIService v1beta1.external.metrics.k8s.io")
         apply_all(kube, keda.keda_manifests(layout))
+    progress(f"helm: installing {CHART} as release {helm.RELEASE} in {helm.NAMESPACE}")
+    values = chart_values(layout.prometheus_url, opts.keda, opts.chart_values)
+    helm.install(helm_bin, layout, CHART, values)
     waits = [(helm.NAMESPACE, "sluiceway-operator"), (helm.NAMESPACE, "sluiceway-scaler")]
     if opts.keda:
         waits += [("keda", "keda-operator"), ("keda", "keda-metrics-apiserver")]

@@ -193,3 +193,24 @@ def test_operator_policy_and_prometheus_allow_list_reach_the_operator(
     assert policy.service_accounts == () and policy.priority_classes == ("high",)
     assert policy.toleration_keys == ("x", "z") and policy.runtime_classes == ("nvidia",)
     assert policy.node_selector_keys == ("k",)
+
+
+@pytest.mark.parametrize("keda", [True, False])
+def test_sandbox_chart_values(helm: str, home: Path, keda: bool) -> None:
+    """The sandbox installs the chart after KEDA (mutual TLS by default, KEDA's CRD and namespace
+    exist); without KEDA it turns the scaler's TLS off, since nothing could call it over mTLS."""
+    from chart_support import CHART, run_helm
+    from sluiceway_sandbox.lifecycle import chart_values
+
+    values = chart_values("http://198.18.0.1:9090", keda, (("scaler.quota.enabled", "true"),))
+    sets = ",".join(f"{k}={v}" for k, v in values.items())
+    out = run_helm(helm, home, "template", "sluiceway", str(CHART), "-n", "sluiceway-system", "--set", sets)
+    assert out.returncode == 0, out.stderr
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    args = _pod(docs, "sluiceway-scaler")["containers"][0]["args"]
+    assert ("--tls-ca" in args) is keda
+    assert bool([d for d in docs if d["kind"] == "ClusterTriggerAuthentication"]) is keda
+    assert "--quota-key-file" in args  # the sandbox's quota coordinator gets the chart's key
+    find(docs, "Secret", "sluiceway-quota-key", "sluiceway-system")
