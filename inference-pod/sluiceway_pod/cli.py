@@ -137,6 +137,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL_S3, AWS's)")
     f.add_argument("--region", help="S3 region for signing (default AWS_REGION or us-east-1)")
     f.add_argument("--addressing", choices=["path", "virtual"], help="S3 bucket addressing (default path)")
+    f.add_argument("--ca-file", metavar="PEM", help="CA bundle for https stores (default AWS_CA_BUNDLE, the system's)")
     f.add_argument("--credentials-dir", metavar="DIR", help="read AWS_* credential files from here (a Secret)")
     f.add_argument("--retries", type=int, metavar="N", help="retries of a broken transfer (default 5)")
     f.add_argument("--backoff", type=float, metavar="SECONDS", help="first retry delay, doubling (default 0.5)")

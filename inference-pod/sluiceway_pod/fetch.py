@@ -9,6 +9,7 @@ Stores:
                                    (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``), ``--region``
                                    (``AWS_REGION``/``AWS_DEFAULT_REGION``, default us-east-1),
                                    ``--addressing path|virtual``; requests are signed with SigV4
+    https: the system's CAs, or ``--ca-file`` (``AWS_CA_BUNDLE``) for a private store's CA
 
 Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` from the
 environment, or from files of those names in ``--credentials-dir`` (a mounted Secret whose keys
@@ -176,14 +177,18 @@ class Target:
         return f"{self.scheme}://{self.host.rsplit('@', 1)[-1]}{self.path.split('?', 1)[0]}"
 
 
-def _connect(t: Target, timeout: float) -> http.client.HTTPConnection:
+def _connect(t: Target, timeout: float, ca_file: str | None) -> http.client.HTTPConnection:
     host = t.host.rsplit("@", 1)[-1]
     if t.scheme == "https":
-        return http.client.HTTPSConnection(host, timeout=timeout, context=ssl.create_default_context())
+        context = ssl.create_default_context(cafile=ca_file)
+        return http.client.HTTPSConnection(host, timeout=timeout, context=context)
     return http.client.HTTPConnection(host, timeout=timeout)
 
 
 def _transient(e: BaseException) -> bool:
+    """A failure worth retrying: the network, not a certificate nobody trusts."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return False
     return isinstance(e, (ConnectionError, TimeoutError, socket.timeout, http.client.HTTPException, OSError))
 
 
@@ -204,6 +209,7 @@ class Options:
     backoff: float = 0.5
     timeout: float = 30.0
     limit_rate: int | None = None  # bytes per second, None for unlimited
+    ca_file: str | None = None  # PEM bundle trusted for https (a private store's CA)
     progress_every: float = 2.0  # seconds between progress lines
 
 
@@ -262,13 +268,17 @@ class Fetcher:
         self, method: str, t: Target, extra: dict[str, str] | None = None
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         q = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(t.query.items()))
-        conn = _connect(t, self.o.timeout)
+        conn = _connect(t, self.o.timeout, self.o.ca_file)
         headers = {**t.headers, **(extra or {}), **self._sign(method, t), "user-agent": "sluiceway-pod-fetch"}
         try:
             conn.request(method, t.path + (f"?{q}" if q else ""), headers=headers)
             resp = conn.getresponse()
         except Exception as e:
             conn.close()
+            if isinstance(e, ssl.SSLCertVerificationError):
+                raise self._fail(
+                    "store-error", f"{t.shown()}: TLS certificate not trusted ({e.verify_message}): see --ca-file"
+                ) from None
             if _transient(e):
                 raise self._fail("store-unreachable", f"{t.shown()}: {type(e).__name__}: {e}", retry=True) from None
             raise
@@ -615,6 +625,7 @@ def options_from(ns: object, env: Mapping[str, str]) -> Options:
         timeout=g.get("timeout") or 30.0,
         limit_rate=g.get("limit_rate"),
         progress_every=2.0 if g.get("progress_seconds") is None else float(g["progress_seconds"]),
+        ca_file=g.get("ca_file") or env.get("AWS_CA_BUNDLE") or None,
     )
 
 

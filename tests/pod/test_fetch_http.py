@@ -131,3 +131,56 @@ def test_redirects_are_followed(store: str, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert Store.served == ["redirect True", "full"]
     assert (tmp_path / "model.onnx").read_bytes() == BODY
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by itself (so it is its own CA bundle)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fetch-test-store")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem, key_pem = tmp / "cert.pem", tmp / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    return cert_pem, key_pem
+
+
+def test_https_with_a_private_ca(tmp_path: Path) -> None:
+    import ssl
+
+    pytest.importorskip("cryptography", reason="needs cryptography to make the test certificate")
+    cert, key = _self_signed(tmp_path)
+    Store.break_first, Store.served = 0, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Store)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}/model.onnx"
+        untrusted = fetch(tmp_path / "a", "--uri", url, "--retries", "3")
+        assert untrusted.returncode == EXIT_CODES["store-error"], untrusted.stderr
+        assert "TLS certificate not trusted" in untrusted.stderr and "retry" not in untrusted.stdout
+        ok = fetch(tmp_path / "b", "--uri", url, "--ca-file", str(cert), "--sha256", hashlib.sha256(BODY).hexdigest())
+        assert ok.returncode == 0, ok.stderr
+        assert (tmp_path / "b" / "model.onnx").read_bytes() == BODY
+    finally:
+        server.shutdown()
+        server.server_close()
