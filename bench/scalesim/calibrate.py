@@ -100,9 +100,9 @@ def admission_core_run(model: ServiceModel, times: list[float], seed: int) -> Ou
                     tk.resolve(result="ok")
                 core.finish(batch, clock.now() - batch.started)
         core.expire()
-        while (batch := core.next_batch()) is not None:
+        while (started := core.next_batch()) is not None:
             duration = float(rng.exponential(model.service_time))
-            heapq.heappush(events, (clock.now() + duration, next(seq), "done", batch))
+            heapq.heappush(events, (clock.now() + duration, next(seq), "done", started))
     for err in answers.values():
         if err is None:
             served += 1

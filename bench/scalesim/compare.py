@@ -23,6 +23,7 @@ import numpy as np
 from .controllers import (
     Controller,
     HpaUtilisation,
+    KedaPrometheus,
     KedaPrometheusQueue,
     Kpa,
     Oracle,
@@ -33,31 +34,27 @@ from .controllers import (
     rendered_behavior,
     spec_at_029d718,
 )
-from .model import Record, ServiceModel, Startup
+from .model import STARTUPS, Record, ServiceModel, Startup
 from .sim import Scores, run
 from .traces import Trace, arrivals, make_trace
 
-__all__ = ["POLICIES", "build_policies", "compare", "main"]
+__all__ = ["EXTRA", "PEERS", "POLICIES", "build_policies", "compare", "main", "parse_startup"]
 
-POLICIES = (
-    "ours-keda",
-    "ours-keda-029d718",
-    "ours-keda-hpa-paced",
-    "ours-builtin",
-    "ours-keda-predictive",
-    "keda-prometheus",
-    "hpa-utilisation",
-    "knative-kpa",
-    "ray-serve",
-    "oracle",
-)
+#: The fair peers: each configured as its own documentation and source describe it.
+PEERS = ("keda-concurrency", "keda-rate", "hpa-utilisation", "knative-kpa", "ray-serve")
+#: The default table: ours (both engines, and the policy before issue 21), the fair peers, the oracle.
+POLICIES = ("ours-keda", "ours-builtin", "ours-keda-before", *PEERS, "oracle")
+#: Also runnable: variants of ours and the queue-only KEDA trigger.
+EXTRA = ("ours-keda-029d718", "ours-keda-hpa-paced", "ours-keda-predictive", "ours-keda-podpoll", "keda-queue")
 
 
 def build_policies(
     names: Sequence[str], model: ServiceModel, rate: np.ndarray, max_replicas: int
 ) -> list[Controller]:
     spec = default_spec(max_replicas)
-    old = spec_at_029d718(max_replicas)
+    before = replace(spec, sustained_demand=False)
+    old = replace(spec_at_029d718(max_replicas), sustained_demand=False)
+    per_replica = 0.8  # every KEDA peer's threshold: 80 % of what one replica carries
     predictive = replace(spec, predict_seconds=model.startup.mean)
     makers: dict[str, Callable[[], Controller]] = {
         "ours-keda": lambda: OursKeda(spec, rendered_behavior(spec, windows_add_up=True)),
@@ -70,11 +67,22 @@ def build_policies(
         "ours-keda-hpa-paced": lambda: OursKeda(
             spec, rendered_behavior(spec, windows_add_up=True, scaler_paces=False), name="ours-keda-hpa-paced"
         ),
+        "ours-keda-before": lambda: OursKeda(
+            before, rendered_behavior(before, windows_add_up=True), name="ours-keda-before"
+        ),
         "ours-builtin": lambda: OursBuiltin(spec),
+        # not the product yet: the scaler reads the requests in the pods from the pods themselves
+        # (podMetricsUrls) and the HPA leaves the scale-up pace to the scaler (docs/scalesim.md)
+        "ours-keda-podpoll": lambda: OursKeda(
+            spec, replace(rendered_behavior(spec, windows_add_up=True), up_pods=None, up_percent=1000.0),
+            pod_polls=True, name="ours-keda-podpoll",
+        ),
         "ours-keda-predictive": lambda: OursKeda(
             predictive, rendered_behavior(spec, windows_add_up=True), predictive=True, name="ours-keda-predictive"
         ),
-        "keda-prometheus": lambda: KedaPrometheusQueue(8.0, 1, max_replicas),
+        "keda-queue": lambda: KedaPrometheusQueue(8.0, 1, max_replicas),
+        "keda-concurrency": lambda: KedaPrometheus("concurrency", per_replica * model.permits, 1, max_replicas),
+        "keda-rate": lambda: KedaPrometheus("rate", per_replica * model.replica_rate, 1, max_replicas),
         "hpa-utilisation": lambda: HpaUtilisation(0.8, 1, max_replicas),
         "knative-kpa": lambda: Kpa(model.permits, 1, max_replicas),
         "ray-serve": lambda: RayServe(1, max_replicas),
@@ -84,6 +92,19 @@ def build_policies(
     if unknown:
         raise ValueError(f"unknown policies {unknown}; known: {', '.join(makers)}")
     return [makers[n]() for n in names]
+
+
+def parse_startup(text: str) -> Startup:
+    """``short``, ``long`` or ``LO,HI`` (one load phase, scraped only once ready)."""
+    if text in STARTUPS:
+        return STARTUPS[text]
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--startup: short, long or LO,HI, got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise ValueError(f"--startup: need 0 <= LO <= HI, got {text!r}")
+    return Startup(lo, hi)
 
 
 def compare(
@@ -101,12 +122,15 @@ def compare(
 
 def table(results: Sequence[Scores]) -> str:
     oracle = next((r for r in results if r.policy == "oracle"), None)
-    head = "| policy | SLO attained | refused | wait p95 (s) | GPU-hours | x oracle | scale events | flaps | peak |"
-    lines = [head, "|" + "---|" * 9]
+    head = (
+        "| policy | on time | late | refused | wait p95 (s) | GPU-hours | x oracle | scale events | flaps | peak |"
+    )
+    lines = [head, "|" + "---|" * 10]
     for r in results:
         ratio = f"{r.gpu_hours / oracle.gpu_hours:.3f}" if oracle and oracle.gpu_hours else "n/a"
         lines.append(
-            f"| {r.policy} | {100 * r.slo_attainment:.3f}% | {100 * r.refused_share:.3f}% | {r.wait_p95:.3f} | "
+            f"| {r.policy} | {100 * r.slo_attainment:.3f}% | {100 * r.late_share:.3f}% | "
+            f"{100 * r.refused_share:.3f}% | {r.wait_p95:.3f} | "
             f"{r.gpu_hours:.1f} | {ratio} | {r.scale_events} | {r.flaps} | {r.peak_replicas} |"
         )
     return "\n".join(lines)
@@ -141,15 +165,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=24.0, help="simulated hours (ignored for csv)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="bench/results/scalesim", help="directory for JSON and PNG")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--startup", default="30,180", help="pod start-up delay range LO,HI in seconds")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"also: {', '.join(EXTRA)}")
+    ap.add_argument("--startup", default="short", help="short, long, or a single phase LO,HI in seconds")
     ap.add_argument("--service-time", type=float, default=0.2)
     ap.add_argument("--permits", type=int, default=4)
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     try:
-        lo, hi = (float(x) for x in args.startup.split(","))
-        model = ServiceModel(service_time=args.service_time, permits=args.permits, startup=Startup(lo, hi))
+        model = ServiceModel(service_time=args.service_time, permits=args.permits, startup=parse_startup(args.startup))
         peak = args.replicas * model.replica_rate * 0.8
         trace = make_trace(args.trace, int(args.hours * 3600), peak, args.seed)
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
@@ -163,12 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"trace {trace.name}: {trace.seconds} s, peak {trace.rate.max():.0f} req/s, "
         f"{int(sum(r.requests for r in results[:1]))} requests; replica = {model.permits} permits x "
         f"{model.service_time}s, queue {model.queue_per_replica}, deadline {model.deadline}s, "
-        f"start-up {model.startup.lo:g}-{model.startup.hi:g}s; {len(results)} policies in {elapsed:.1f}s"
+        f"SLO {model.slo:g}s, start-up {model.startup.label()} (mean {model.startup.mean:.0f}s); "
+        f"{len(results)} policies in {elapsed:.1f}s"
     )
     print(table(results))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = trace.name.replace(":", "_")
+    stem = trace.name.replace(":", "_") + (f"-{model.startup.name}" if model.startup.name else "")
     (out / f"{stem}.json").write_text(json.dumps([r.row() for r in results], indent=2))
     if not args.no_plot:
         plot(trace, records, model, out / f"{stem}.png")

@@ -10,17 +10,18 @@ follow ``shared/reference/autoscaling-sim.md`` (read from the projects' source):
   ``selectPolicy``).
 - :class:`OursKeda`: Sluiceway's scaler (:func:`sluiceway_core.policy.desired_replicas`) answering
   the HPA's reads through KEDA (External metric, AverageValue target 1), with the HPA behaviour the
-  operator renders.
+  operator renders; KEDA's 30 s polling loop calls the scaler too.
 - :class:`OursBuiltin`: the same policy applied by the operator's timer straight to the Deployment.
-- :class:`KedaPrometheusQueue`: KEDA's Prometheus trigger on the summed queue depth, its defaults
-  (AverageValue threshold = target per replica, no behaviour → legacy HPA).
-- :class:`HpaUtilisation`: HPA on GPU utilisation (a Pods/Resource metric, target 80 %).
-- :class:`Kpa`: Knative's KPA (stable 60 s / panic 6 s, tick 2 s, target 70 % of the container
-  concurrency, scale-down at most to half per tick).
+- :class:`KedaPrometheus`: KEDA's Prometheus trigger (AverageValue, legacy HPA) on the requests in
+  the pods (``concurrency``), the offered rate (``rate``), or the queue alone (``queue``), each
+  against 80 % of what one replica carries.
+- :class:`HpaUtilisation`: HPA on GPU utilisation (a Pods metric, target 80 %).
+- :class:`Kpa`: Knative's KPA on the revision's total concurrency (stable 60 s / panic 6 s at 200 %,
+  tick 2 s, target 70 % of the container concurrency, scale rates 1000 up / 2 down).
 - :class:`RayServe`: Ray Serve's defaults (target ongoing requests 2, look-back 30 s, upscale delay
   30 s, downscale delay 600 s).
-- :class:`Oracle`: knows the future arrival rate and the slowest start-up; provisions for the
-  busiest second ahead at 85 % utilisation.
+- :class:`Oracle`: knows the future arrival rate and the 95th percentile start-up; provisions for
+  the busiest second ahead at 85 % utilisation.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "Hpa",
     "HpaBehavior",
     "HpaUtilisation",
+    "KedaPrometheus",
     "KedaPrometheusQueue",
     "Kpa",
     "Oracle",
@@ -57,6 +59,12 @@ __all__ = [
     "default_spec",
     "spec_at_029d718",
 ]
+
+
+#: KEDA ScaledObject ``pollingInterval`` default (keda ``withtriggers_types.go``) and the HPA's sync
+#: period (kube-controller-manager ``--horizontal-pod-autoscaler-sync-period``).
+KEDA_POLLING = 30
+HPA_SYNC = 15
 
 
 class Controller(Protocol):
@@ -179,11 +187,11 @@ def spec_at_029d718(max_replicas: int) -> ScalingSpec:
     return replace(base, scale_down=replace(base.scale_down, max_percent=None, release_window=None))
 
 
-def _signals(t: int, prom: Prometheus, predictive: bool, window: int) -> Signals:
+def _signals(t: int, prom: Prometheus, predictive: bool, window: int, pod_polls: bool = False) -> Signals:
     """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window."""
     q = prom.queue_depth(t)
     if q is None:
-        return Signals(queue_depth=None, ok=False, detail="no scrape yet")
+        return Signals(queue_depth=None, ok=False, detail="no scrape yet or the query failed")
     return Signals(
         queue_depth=q,
         wait_p95=prom.wait_p95(t, window),
@@ -195,6 +203,7 @@ def _signals(t: int, prom: Prometheus, predictive: bool, window: int) -> Signals
         offered_rate=prom.offered_rate(t, window),
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
+        requests_in_pods=prom.concurrency_live(t) if pod_polls else prom.concurrency(t),
     )
 
 
@@ -208,12 +217,13 @@ class OursBuiltin:
     name: str = "ours-builtin"
     #: the operator's queries: ``Queries.build(ns, name)``, window 2m
     rate_window: int = 120
+    pod_polls: bool = False
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
 
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         current = pool.target if self._last is None else self._last
-        signals = _signals(t, prom, self.predictive, self.rate_window)
+        signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls)
         d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas
@@ -222,30 +232,45 @@ class OursBuiltin:
 
 @dataclass
 class OursKeda:
-    """Sluiceway's scaler behind KEDA: each HPA sync reads the scaler's metric (desired replicas,
-    AverageValue target 1), then the HPA applies its tolerance and the rendered behaviour."""
+    """Sluiceway's scaler behind KEDA: each HPA sync (15 s) reads the scaler's metric (desired
+    replicas, AverageValue target 1), then the HPA applies its tolerance and the rendered behaviour.
+    KEDA's polling loop also calls the scaler every ``pollingInterval`` (30 s, offset from the HPA's
+    sync); that answer is not applied, but the scaler records it (its ``current`` becomes the last
+    answer, its history gets the entry), as ``sluiceway_scaler.service`` does for every call."""
 
     spec: ScalingSpec
     hpa_behavior: HpaBehavior
-    interval: int = 15  # HPA sync period; KEDA's metrics server asks the scaler on every read
+    interval: int = 1  # the loop below keeps the HPA's and KEDA's own periods
     predictive: bool = False
     name: str = "ours-keda"
     #: the scaler's ``rateWindow``: its default is 1m (sluiceway_scaler.metadata), the operator
     #: renders none
     rate_window: int = 60
+    hpa_sync: int = HPA_SYNC
+    polling: int = KEDA_POLLING
+    polling_offset: int = 7
+    #: the scaler reads the requests in the pods from the pods themselves (``podMetricsUrls``)
+    pod_polls: bool = False
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
     _hpa: Hpa | None = None
 
-    def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
-        if self._hpa is None:
-            self._hpa = Hpa(self.spec.min_replicas, self.spec.max_replicas, self.hpa_behavior)
+    def _scaler(self, t: int, prom: Prometheus, pool: PodPool) -> int:
         current = pool.target if self._last is None else self._last
-        signals = _signals(t, prom, self.predictive, self.rate_window)
+        signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls)
         d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas
-        metric = float(d.replicas)
+        return d.replicas
+
+    def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
+        if self._hpa is None:
+            self._hpa = Hpa(self.spec.min_replicas, self.spec.max_replicas, self.hpa_behavior)
+        if self.polling and t % self.polling == self.polling_offset % self.polling:
+            self._scaler(t, prom, pool)  # KEDA's polling loop: asked, not applied
+        if t % self.hpa_sync:
+            return None
+        metric = float(self._scaler(t, prom, pool))
         ratio = metric / max(1, pool.total)
         raw = pool.target if self._hpa.within_tolerance(ratio) else ceil_div(metric, 1.0)
         return self._hpa.apply(t, pool.target, raw)
@@ -279,34 +304,65 @@ def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: 
 
 # --------------------------------------------------------------------------------------- peers
 @dataclass
-class KedaPrometheusQueue:
-    """KEDA ``prometheus`` trigger, query = summed queue depth, threshold = target per replica."""
+class KedaPrometheus:
+    """KEDA's ``prometheus`` trigger (``metricType: AverageValue``, ``ignoreNullValues: true``, no
+    ``advanced.horizontalPodAutoscalerConfig``: the HPA's legacy path). Each HPA sync (15 s) reads the
+    query live through KEDA's metrics server: ``ceil(value / threshold)`` unless ``value / (threshold
+    x status.replicas)`` is within the 10 % tolerance; a failed query keeps the replica count. KEDA's
+    own 30 s polling loop only activates 0 <-> 1, which ``minReplicaCount >= 1`` switches off.
 
+    ``query`` is ``concurrency`` (requests in the pods, running + queued: the in-flight trigger),
+    ``rate`` (``sum(rate(sluiceway_requests_total[1m]))``: every request offered) or ``queue``
+    (``sum(sluiceway_queue_depth)``: waiting requests only)."""
+
+    query: str
     threshold: float
     min_replicas: int
     max_replicas: int
-    interval: int = 15
-    name: str = "keda-prometheus"
+    interval: int = HPA_SYNC
+    name: str = ""
+    rate_window: int = 60
     _hpa: Hpa | None = None
+
+    def __post_init__(self) -> None:
+        if self.query not in ("concurrency", "rate", "queue"):
+            raise ValueError(f"unknown KEDA query {self.query!r}")
+        self.name = self.name or f"keda-{self.query}"
+
+    def value(self, t: int, prom: Prometheus) -> float | None:
+        if self.query == "concurrency":
+            return prom.concurrency(t)
+        if self.query == "rate":
+            return prom.offered_rate(t, self.rate_window)
+        return prom.queue_depth(t)
 
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         if self._hpa is None:
             self._hpa = Hpa(self.min_replicas, self.max_replicas, None)
-        q = prom.queue_depth(t)
-        value = 0.0 if q is None else q  # ignoreNullValues: true (KEDA's default)
-        ratio = value / (self.threshold * max(1, pool.total))
+        if prom.scrape_at(t) >= 0 and prom.failed(t):
+            return None  # the scaler errs: the HPA's metric is invalid, no scaling
+        v = self.value(t, prom)
+        value = 0.0 if v is None else v  # ignoreNullValues: an empty result reads 0
+        ratio = value / (self.threshold * max(1, pool.total))  # status.replicas counts starting pods
         raw = pool.target if self._hpa.within_tolerance(ratio) else ceil_div(value, self.threshold)
         return self._hpa.apply(t, pool.target, raw)
 
 
+def KedaPrometheusQueue(threshold: float, min_replicas: int, max_replicas: int) -> KedaPrometheus:
+    """The queue-depth-only trigger (kept to show why it collapses)."""
+    return KedaPrometheus("queue", threshold, min_replicas, max_replicas, name="keda-queue")
+
+
 @dataclass
 class HpaUtilisation:
-    """HPA on GPU utilisation (per-pod average over ready pods, DCGM-style 60 s average)."""
+    """HPA on GPU utilisation: a Pods metric (DCGM-style 60 s average per pod). The HPA's readiness
+    filter is CPU-only, so warming pods that already export a 0 utilisation count in the mean and in
+    the pod count (``calcPlainMetricReplicas``); pods whose scrape failed are missing."""
 
     target: float
     min_replicas: int
     max_replicas: int
-    interval: int = 15
+    interval: int = HPA_SYNC
     name: str = "hpa-utilisation"
     _hpa: Hpa | None = None
 
@@ -314,16 +370,27 @@ class HpaUtilisation:
         if self._hpa is None:
             self._hpa = Hpa(self.min_replicas, self.max_replicas, None)
         u = prom.utilisation(t, 60)
-        if u is None or pool.ready == 0:
+        pods = prom.ready(t)
+        if u is None or not pods:
             return None  # no metrics: the HPA keeps the replica count
         ratio = u / self.target
-        raw = pool.target if self._hpa.within_tolerance(ratio) else math.ceil(ratio * pool.ready - 1e-9)
+        raw = pool.target if self._hpa.within_tolerance(ratio) else math.ceil(ratio * pods - 1e-9)
         return self._hpa.apply(t, pool.target, raw)
 
 
 @dataclass
 class Kpa:
-    """Knative Pod Autoscaler with its defaults; container concurrency = the pod's permits."""
+    """Knative Pod Autoscaler with its defaults (``config/core/configmaps/autoscaler.yaml``;
+    ``pkg/autoscaler/scaling/autoscaler.go``); container concurrency = the pod's permits.
+
+    Every 2 s: ``TV = 0.7 x containerConcurrency``; the collector's 1-s samples of the revision's
+    *total* concurrency averaged over the stable (60 s) and panic (6 s = 10 %) windows;
+    ``DSPC = ceil(stable / TV)``, ``DPPC = ceil(panic / TV)``, each clamped to
+    ``[floor(ready / max-scale-down-rate), ceil(max-scale-up-rate x ready)]``; panic starts or extends
+    while ``DPPC / ready >= 2.0`` and ends a stable window after the last trigger; in panic the
+    desired count is ``max(DSPC, DPPC)`` and never falls. target-burst-capacity 200 decides only
+    whether the activator sits in the request path (``EBC = floor(ready x CC - TBC - panic)`` < 0);
+    the activator adds no capacity, so it is not modelled beyond that."""
 
     container_concurrency: int
     min_replicas: int
@@ -334,40 +401,54 @@ class Kpa:
     stable: int = 60
     panic: int = 6
     panic_threshold: float = 2.0
+    max_up_rate: float = 1000.0
     max_down_rate: float = 2.0
-    _panic_until: float = -1.0
-    _panic_max: int = 0
+    target_burst_capacity: float = 200.0
+    _panic_time: float | None = None
+    _max_panic_pods: int = 0
+
+    def step(self, t: int, stable_total: float, panic_total: float, ready_pods: int) -> int:
+        """One decision from the window averages of the total concurrency (pure but for the panic
+        state)."""
+        tv = max(0.01, self.container_concurrency * self.target_pct)
+        ready = float(max(1, ready_pods))
+        max_up = math.ceil(self.max_up_rate * ready)
+        max_down = math.floor(ready / self.max_down_rate)
+        dspc = math.ceil(stable_total / tv - 1e-9)
+        dppc = math.ceil(panic_total / tv - 1e-9)
+        stable_pods = int(min(max(dspc, max_down), max_up))
+        panic_pods = int(min(max(dppc, max_down), max_up))
+        over = dppc / ready >= self.panic_threshold
+        if over:
+            self._panic_time = t
+        elif self._panic_time is not None and t > self._panic_time + self.stable:
+            self._panic_time = None
+            self._max_panic_pods = 0
+        want = stable_pods
+        if self._panic_time is not None:
+            want = max(want, panic_pods)
+            if want > self._max_panic_pods:
+                self._max_panic_pods = want
+            else:
+                want = self._max_panic_pods
+        return min(self.max_replicas, max(self.min_replicas, want))
 
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
-        tv = max(0.01, self.container_concurrency * self.target_pct)
-        stable = prom.concurrency_per_pod(t, self.stable)
-        panic = prom.concurrency_per_pod(t, self.panic)
+        stable = prom.total_concurrency(t, self.stable)
+        panic = prom.total_concurrency(t, self.panic)
         if stable is None or panic is None:
             return None
-        ready = max(1, pool.ready)
-        # The KPA averages total concurrency over the window; per-pod x ready approximates it.
-        dspc = math.ceil(stable * ready / tv - 1e-9)
-        dppc = math.ceil(panic * ready / tv - 1e-9)
-        max_up = math.ceil(1000 * ready)
-        max_down = math.floor(ready / self.max_down_rate)
-        dspc = min(max_up, max(max_down, dspc))
-        dppc = min(max_up, max(max_down, dppc))
-        if dppc / ready >= self.panic_threshold:
-            if self._panic_until < t:
-                self._panic_max = pool.target
-            self._panic_until = t + self.stable
-        if self._panic_until >= t:
-            want = max(dspc, dppc, self._panic_max)
-            self._panic_max = want
-        else:
-            want = dspc
-        return min(self.max_replicas, max(self.min_replicas, want))
+        return self.step(t, stable, panic, pool.ready)
 
 
 @dataclass
 class RayServe:
-    """Ray Serve's queue-length policy with its defaults (decisions counted per 0.1 s tick in Ray;
-    here per second, with the same delays in seconds)."""
+    """Ray Serve's queue-length policy with its documented defaults (``AutoscalingConfig``: target 2
+    ongoing requests per replica, look-back 30 s, metrics pushed every 10 s, upscale delay 30 s,
+    downscale delay 600 s, smoothing factors 1). ``e = total / (target x running)``, desired
+    ``ceil(running x (1 + (e - 1) x f))`` (one less when that equals ``running`` but
+    ``ceil(running x e)`` is lower); decisions counted per 0.1 s tick in Ray, here per second with
+    the same delays in seconds."""
 
     min_replicas: int
     max_replicas: int
@@ -376,6 +457,8 @@ class RayServe:
     metrics_interval: int = 10
     upscale_delay: int = 30
     downscale_delay: int = 600
+    upscaling_factor: float = 1.0
+    downscaling_factor: float = 1.0
     interval: int = 1
     name: str = "ray-serve"
     _up: int = 0
@@ -383,16 +466,22 @@ class RayServe:
     _last_metric: float | None = None
     _last_push: int = -(10**9)
 
+    def desired(self, total: float, running: int) -> int:
+        running = max(1, running)
+        e = total / (self.target_ongoing * running)
+        f = self.upscaling_factor if e >= 1 else self.downscaling_factor
+        desired = math.ceil(running * (1 + (e - 1) * f) - 1e-9)
+        if math.ceil(running * e - 1e-9) < running and desired == running:
+            desired -= 1
+        return min(self.max_replicas, max(self.min_replicas, desired))
+
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         if t - self._last_push >= self.metrics_interval:
             self._last_push = t
-            self._last_metric = prom.concurrency_per_pod(t, self.look_back)
+            self._last_metric = prom.total_concurrency(t, self.look_back)
         if self._last_metric is None or pool.ready == 0:
             return None
-        running = pool.ready
-        e = self._last_metric * running / (self.target_ongoing * running)
-        desired = math.ceil(running * (1 + (e - 1)) - 1e-9)
-        desired = min(self.max_replicas, max(self.min_replicas, desired))
+        desired = self.desired(self._last_metric, pool.ready)
         current = pool.target
         if desired > current:
             self._up += 1
@@ -413,8 +502,8 @@ class RayServe:
 
 @dataclass
 class Oracle:
-    """Knows the future: asks, ``lookahead`` seconds early, for the replicas the busiest second of
-    the coming interval needs at ``utilisation``."""
+    """Knows the future: asks, the 95th percentile start-up time early, for the replicas the busiest
+    second of the coming interval needs at ``utilisation``."""
 
     rate: np.ndarray
     model: ServiceModel
@@ -424,8 +513,11 @@ class Oracle:
     utilisation: float = 0.85
     name: str = "oracle"
 
+    def __post_init__(self) -> None:
+        self._ahead = int(self.model.startup.quantile(0.95)) + self.interval
+
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
-        ahead = int(self.model.startup.hi) + self.interval
+        ahead = self._ahead
         window = self.rate[t : t + ahead + 1]
         if window.size == 0:
             return None

@@ -1,14 +1,16 @@
 """A grid over the policy's scaling parameters on every trace, scored against the peers.
 
-Usage: ``python -m bench.scalesim.grid [--replicas 1000] [--traces diurnal,flash,ramp,onoff]
+Usage: ``python -m bench.scalesim.grid [--replicas 1000]
+[--traces diurnal,flash,ramp,onoff,stairs,bursty] [--startup short|long|LO,HI]
 [--engines keda,builtin] [--rate-window 60,120] [--release none,1200]
 [--down-percent 2] [--seed 1] [--json FILE]``.
 
-Every trace is simulated once per peer (``keda-prometheus``, ``hpa-utilisation``, ``knative-kpa``,
-``ray-serve``) and once for the ``oracle``; then once per candidate. A candidate is *dominated* on
-a trace when a peer has an SLO attainment at least as high at no more GPU-hours (the oracle is not a
-peer: it knows the future). The diurnal goal is >= 99.5 % within SLO at <= 1.15x the oracle's
-GPU-hours. The last lines name the candidates that meet both on every trace, cheapest first.
+Every trace is simulated once per fair peer (``compare.PEERS``: ``keda-concurrency``, ``keda-rate``,
+``hpa-utilisation``, ``knative-kpa``, ``ray-serve``) and once for the ``oracle``; then once per
+candidate. A candidate is *dominated* on a trace when a peer answers at least as large a share on
+time at no more GPU-hours (the oracle is not a peer: it knows the future). The diurnal goal is
+>= 99.5 % on time at <= 1.15x the oracle's GPU-hours. The last lines name the candidates that
+meet both on every trace, cheapest first.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .compare import build_policies
+from .compare import PEERS, build_policies, parse_startup
 from .controllers import Controller, OursBuiltin, OursKeda, default_spec, rendered_behavior
-from .model import ServiceModel, Startup
+from .model import ServiceModel
 from .sim import Scores, run
-from .traces import arrivals, make_trace
+from .traces import TRACES, arrivals, make_trace
 
 __all__ = ["Candidate", "dominated_by", "main"]
 
-PEERS = ("keda-prometheus", "hpa-utilisation", "knative-kpa", "ray-serve")
 DIURNAL_SLO, DIURNAL_COST = 0.995, 1.15
 
 
@@ -58,7 +59,7 @@ class Candidate:
 
 
 def dominated_by(ours: Scores, peers: Sequence[Scores]) -> list[str]:
-    """Peers with an SLO attainment at least ours at GPU-hours no more than ours."""
+    """Peers with an on-time share at least ours at GPU-hours no more than ours."""
     return [p.policy for p in peers if p.slo_attainment >= ours.slo_attainment and p.gpu_hours <= ours.gpu_hours]
 
 
@@ -73,7 +74,7 @@ def _releases(text: str) -> list[float | None]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scalesim.grid", description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=1000, help="replicas the peak needs at 80 %% utilisation")
-    ap.add_argument("--traces", default="diurnal,flash,ramp,onoff")
+    ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--hours", type=float, default=4.0, help="hours of every trace but diurnal")
     ap.add_argument("--diurnal-hours", type=float, default=24.0)
     ap.add_argument("--engines", default="keda,builtin", help="keda (scaler behind the HPA) and/or builtin")
@@ -81,12 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--release", default="none,1200", help="release windows in seconds, or none")
     ap.add_argument("--down-percent", default="2", help="scale-down percent per 60 s")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--startup", default="30,180", help="pod start-up delay range LO,HI in seconds")
+    ap.add_argument("--startup", default="short", help="short, long, or a single phase LO,HI in seconds")
     ap.add_argument("--json", default="", help="write every score here")
     args = ap.parse_args(argv)
     try:
-        lo, hi = (float(x) for x in args.startup.split(","))
-        model = ServiceModel(startup=Startup(lo, hi))
+        model = ServiceModel(startup=parse_startup(args.startup))
         candidates = [
             Candidate(e, rw, rel, float(dp))
             for e, rw, rel, dp in itertools.product(
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{name} ({hours:g} h): peers " + ", ".join(
             f"{p.policy} {100 * p.slo_attainment:.3f}% @ {p.gpu_hours:.1f}" for p in peers
         ) + f"; oracle {oracle:.1f}")
-        print("| candidate | SLO attained | GPU-hours | x oracle | flaps | dominated by |")
+        print("| candidate | on time | GPU-hours | x oracle | flaps | dominated by |")
         print("|---|---|---|---|---|---|")
         for c in candidates:
             s = row[c.label()]

@@ -12,8 +12,11 @@ from the closed forms in :mod:`sluiceway_core.queueing` (M/M/c/K blocking for 42
 quantile for wait p95). ``tests/scalesim/test_calibration.py`` checks this model against the pod's
 real :class:`~sluiceway_pod.admission.AdmissionCore`, driven request by request.
 
-Pods: a replica asked for starts after a start-up delay drawn from :class:`Startup` (scheduling,
-image pull, model load, warm-up); it holds a GPU from the moment it is asked for. Removing replicas
+Pods: a replica asked for starts after a start-up delay drawn from :class:`Startup` in phases (a
+new node for some, image pull, model load and warm-up, a long tail for a few); it holds a GPU from
+the moment it is asked for, and Prometheus scrapes it from its container start (it warms up while
+its gauges already count). A request is *on time* when it is answered within ``ServiceModel.slo``
+seconds, queue wait included; *late* when answered after; *refused* when answered 429 or 503. Removing replicas
 cancels pods still starting first, then drains ready ones (their queued work is finished by the
 remaining capacity in this model).
 """
@@ -25,24 +28,82 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from sluiceway_core.queueing import mmck_rejection, queue_bound, wait_quantile
+from sluiceway_core.queueing import erlang_c, mmck_rejection, queue_bound, wait_quantile
 
-__all__ = ["FluidQueue", "PodPool", "Record", "ServiceModel", "Startup", "StepResult"]
+__all__ = ["LONG", "SHORT", "STARTUPS", "FluidQueue", "PodPool", "Record", "ServiceModel", "Startup", "StepResult"]
+
+
+def _beta_span(rng: np.random.Generator, span: tuple[float, float], n: int | None = None) -> np.ndarray:
+    lo, hi = span
+    return lo + (hi - lo) * rng.beta(2.0, 3.0, size=n)
 
 
 @dataclass(frozen=True)
 class Startup:
-    """Pod start-up delay in seconds: ``lo + (hi - lo) * Beta(2, 3)`` (a right-skewed bump)."""
+    """Pod start-up as phases (``shared/reference/autoscaling-sim.md`` §5), each ``lo + (hi - lo) *
+    Beta(2, 3)`` seconds (a right-skewed bump):
+
+    - ``node``: a new GPU node (provisioning, device plugin registering the GPU), for a share
+      ``node_share`` of the pods; the others land on a warm node;
+    - ``pull``: image pull and container start. From here the pod serves ``/metrics`` (it is
+      scraped, ``up == 1``, its gauges count in Prometheus sums) although it is not Ready;
+    - ``load``: weights, engine init, warm-up, readiness;
+    - ``tail``: for a share ``tail_share`` of the pods, an outlier on top (compile or profiling
+      runs of many minutes).
+
+    ``Startup(lo, hi)`` is a single load phase (the pod is scraped only once ready), as before the
+    phases were modelled."""
 
     lo: float = 30.0
     hi: float = 180.0
+    name: str = ""
+    node_share: float = 0.0
+    node: tuple[float, float] = (0.0, 0.0)
+    pull: tuple[float, float] = (0.0, 0.0)
+    tail_share: float = 0.0
+    tail: tuple[float, float] = (0.0, 0.0)
+    #: False: the pod exports nothing until Ready (the single-phase model)
+    scraped_while_warming: bool = False
+
+    def sample_phases(self, rng: np.random.Generator) -> tuple[float, float]:
+        """(seconds until the pod is scraped, seconds until it is Ready)."""
+        node = float(_beta_span(rng, self.node)) if self.node_share > 0 and rng.random() < self.node_share else 0.0
+        pull = float(_beta_span(rng, self.pull)) if self.pull[1] > 0 else 0.0
+        load = float(_beta_span(rng, (self.lo, self.hi)))
+        tail = float(_beta_span(rng, self.tail)) if self.tail_share > 0 and rng.random() < self.tail_share else 0.0
+        ready = node + pull + load + tail
+        return (node + pull if self.scraped_while_warming else ready), ready
 
     def sample(self, rng: np.random.Generator) -> float:
-        return self.lo + (self.hi - self.lo) * float(rng.beta(2.0, 3.0))
+        return self.sample_phases(rng)[1]
 
     @property
     def mean(self) -> float:
-        return self.lo + (self.hi - self.lo) * 0.4
+        def m(span: tuple[float, float]) -> float:
+            return span[0] + (span[1] - span[0]) * 0.4
+
+        return self.node_share * m(self.node) + m(self.pull) + m((self.lo, self.hi)) + self.tail_share * m(self.tail)
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the start-up time (seeded sample of 4,000 pods)."""
+        rng = np.random.default_rng(12345)
+        return float(np.quantile([self.sample(rng) for _ in range(4000)], q))
+
+    def label(self) -> str:
+        return self.name or f"{self.lo:g}-{self.hi:g}s"
+
+
+#: Warm node, cached image: 30-180 s to Ready; the pod is scraped from its container start.
+SHORT = Startup(25.0, 165.0, name="short", pull=(5.0, 15.0), scraped_while_warming=True)
+#: GPU pods as reported (autoscaling-sim.md §5): half need a new node (80-180 s: Karpenter's
+#: 80-100 s plus ~90 s until the device plugin registers the GPU), image pull 30-240 s (10-30 GB,
+#: "1-10 min"), weights + engine init + warm-up 60-240 s, and 5 % with a 5-15 min compile or
+#: profiling outlier: 2-10 minutes with a long tail.
+LONG = Startup(
+    60.0, 240.0, name="long", node_share=0.5, node=(80.0, 180.0), pull=(30.0, 240.0),
+    tail_share=0.05, tail=(300.0, 900.0), scraped_while_warming=True,
+)
+STARTUPS = {"short": SHORT, "long": LONG}
 
 
 @dataclass(frozen=True)
@@ -51,7 +112,9 @@ class ServiceModel:
     permits: int = 4  # requests running at once per replica
     target_wait: float = 2.0  # queue.targetWait: the auto queue bound is permits * T / S
     deadline: float = 5.0  # timeouts.queue: waits beyond this are answered 503
-    startup: Startup = field(default_factory=Startup)
+    #: the request's deadline, answer included: answered later than this is "late", not on time
+    slo: float = 2.0
+    startup: Startup = SHORT
     gpus_per_replica: int = 1
 
     @property
@@ -74,6 +137,7 @@ class StepResult:
     wait_p95: float  # estimated p95 queue wait of the requests admitted in this step
     busy: float  # permit-seconds used in this step
     in_service: float  # mean requests running (Little: served * S)
+    late: float = 0.0  # of ``served``: answered after the request's deadline (``ServiceModel.slo``)
 
 
 class FluidQueue:
@@ -82,10 +146,11 @@ class FluidQueue:
     def __init__(self, model: ServiceModel) -> None:
         self.model = model
         self.q = 0.0
-        self._cache: dict[int, tuple[float, float]] = {}
+        self._cache: dict[int, tuple[float, float, float]] = {}
 
-    def _stochastic(self, rho: float) -> tuple[float, float]:
-        """(429 share, wait p95) of one replica at utilisation ``rho`` < 1, from closed forms.
+    def _stochastic(self, rho: float) -> tuple[float, float, float]:
+        """(429 share, wait p95, late share) of one replica at utilisation ``rho`` < 1, from closed
+        forms. Late: P(W > slo - S) = C * exp(-(c mu - lambda)(slo - S)) in M/M/c.
 
         Cached on rho rounded to 1/200: the closed forms cost O(queue bound) each."""
         key = min(199, int(rho * 200))
@@ -96,7 +161,15 @@ class FluidQueue:
             qmax = m.queue_per_replica
             block = mmck_rejection(m.permits, m.permits + qmax, lam, m.service_time)
             w95 = min(wait_quantile(m.permits, lam, m.service_time, 0.95), qmax * m.service_time / m.permits)
-            hit = (block, w95)
+            budget = m.slo - m.service_time
+            if budget <= 0:
+                late = 1.0
+            elif budget >= qmax * m.service_time / m.permits:
+                late = 0.0  # no admitted request can wait that long
+            else:
+                c = erlang_c(m.permits, lam * m.service_time)
+                late = min(1.0, c * math.exp(-(m.permits / m.service_time - lam) * budget))
+            hit = (block, w95, late)
             self._cache[key] = hit
         return hit
 
@@ -113,8 +186,10 @@ class FluidQueue:
         rho = (arrived if mean_rate is None else mean_rate) / cap
         refused = 0.0
         w_random = 0.0
+        late_share = 0.0
+        q_before = self.q
         if rho < 1.0 and self.q < 1e-9:
-            block, w_random = self._stochastic(rho)
+            block, w_random, late_share = self._stochastic(rho)
             refused = arrived * block
         total = self.q + arrived - refused
         served = min(total, cap)
@@ -131,17 +206,29 @@ class FluidQueue:
             backlog_wait = m.deadline
         self.q = q
         busy = served * m.service_time
-        return StepResult(arrived, refused, expired, served, q, backlog_wait + w_random, busy, busy)
+        if q_before >= 1e-9 or q >= 1e-9:
+            # a backlog: the requests answered now waited about the mean of the backlog's waits
+            waited = (q_before + q) / 2 / cap
+            late_share = 1.0 if waited + m.service_time > m.slo else late_share
+        late = served * late_share
+        return StepResult(arrived, refused, expired, served, q, backlog_wait + w_random, busy, busy, late)
 
 
 class PodPool:
-    """Replicas asked for, starting and ready; GPU-seconds held."""
+    """Replicas asked for, starting and ready; GPU-seconds held.
+
+    A starting pod is *warming* once it serves ``/metrics`` (``Startup`` phases): Prometheus scrapes
+    it (``up == 1``, its permits count in sums) although it takes no traffic yet."""
 
     def __init__(self, model: ServiceModel, initial: int, rng: np.random.Generator) -> None:
         self.model = model
         self.rng = rng
         self.ready = initial
-        self._starting: list[float] = []  # heap of ready times
+        self._pods: dict[int, tuple[float, float]] = {}  # starting pod -> (scraped at, ready at)
+        self._by_ready: list[tuple[float, int]] = []  # heap; lazily cleaned of cancelled pods
+        self._by_scraped: list[tuple[float, int]] = []
+        self._warm: set[int] = set()
+        self._ids = 0
         self.gpu_seconds = 0.0
         self.target = initial
         self.scale_events = 0
@@ -149,11 +236,20 @@ class PodPool:
 
     @property
     def starting(self) -> int:
-        return len(self._starting)
+        return len(self._pods)
+
+    @property
+    def warming(self) -> int:
+        """Starting pods that Prometheus already scrapes."""
+        return len(self._warm)
+
+    @property
+    def scraped(self) -> int:
+        return self.ready + len(self._warm)
 
     @property
     def total(self) -> int:
-        return self.ready + len(self._starting)
+        return self.ready + len(self._pods)
 
     def set_target(self, n: int, now: int) -> None:
         n = max(0, n)
@@ -165,21 +261,32 @@ class PodPool:
         have = self.total
         if n > have:
             for _ in range(n - have):
-                heapq.heappush(self._starting, now + self.model.startup.sample(self.rng))
+                scraped, ready = self.model.startup.sample_phases(self.rng)
+                self._ids += 1
+                self._pods[self._ids] = (now + scraped, now + ready)
+                heapq.heappush(self._by_ready, (now + ready, self._ids))
+                heapq.heappush(self._by_scraped, (now + scraped, self._ids))
         elif n < have:
             drop = have - n
-            if self._starting:
+            if self._pods:
                 # cancel the pods that would be ready last
-                keep = sorted(self._starting)[: max(0, len(self._starting) - drop)]
-                drop -= len(self._starting) - len(keep)
-                self._starting = keep
-                heapq.heapify(self._starting)
+                last = sorted(self._pods, key=lambda i: self._pods[i][1], reverse=True)[:drop]
+                for i in last:
+                    del self._pods[i]
+                    self._warm.discard(i)
+                drop -= len(last)
             self.ready -= drop
 
     def tick(self, now: int) -> None:
-        while self._starting and self._starting[0] <= now:
-            heapq.heappop(self._starting)
-            self.ready += 1
+        while self._by_scraped and self._by_scraped[0][0] <= now:
+            _, i = heapq.heappop(self._by_scraped)
+            if i in self._pods:
+                self._warm.add(i)
+        while self._by_ready and self._by_ready[0][0] <= now:
+            _, i = heapq.heappop(self._by_ready)
+            if self._pods.pop(i, None) is not None:
+                self._warm.discard(i)
+                self.ready += 1
         self.gpu_seconds += self.total * self.model.gpus_per_replica
 
 
@@ -196,14 +303,16 @@ class Record:
     wait_p95: np.ndarray = field(init=False)
     busy: np.ndarray = field(init=False)
     in_service: np.ndarray = field(init=False)
+    late: np.ndarray = field(init=False)
     ready: np.ndarray = field(init=False)
+    scraped: np.ndarray = field(init=False)  # ready + warming pods (served /metrics)
     total: np.ndarray = field(init=False)
     target: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        for name in ("arrived", "refused", "expired", "served", "queue", "wait_p95", "busy", "in_service"):
+        for name in ("arrived", "refused", "expired", "served", "queue", "wait_p95", "busy", "in_service", "late"):
             setattr(self, name, np.zeros(self.seconds))
-        for name in ("ready", "total", "target"):
+        for name in ("ready", "scraped", "total", "target"):
             setattr(self, name, np.zeros(self.seconds, dtype=np.int64))
 
     def put(self, t: int, r: StepResult, pool: PodPool) -> None:
@@ -215,7 +324,9 @@ class Record:
         self.wait_p95[t] = r.wait_p95
         self.busy[t] = r.busy
         self.in_service[t] = r.in_service
+        self.late[t] = r.late
         self.ready[t] = pool.ready
+        self.scraped[t] = pool.scraped
         self.total[t] = pool.total
         self.target[t] = pool.target
 

@@ -3,8 +3,18 @@
 Prometheus scrapes every ``scrape_interval`` seconds; an instant query at time ``t`` sees the last
 scrape at or before ``t - 1`` (the step in progress is not yet exported). Range functions
 (``rate(...[window])``, ``histogram_quantile``) cover ``window`` seconds ending at that scrape.
-Only ready pods are scraped (a starting pod exports nothing yet). Every range function takes the
-window of the query that it models (default ``rate_window``).
+Every range function takes the window of the query that it models (default ``rate_window``).
+
+What the queries really return: a pod is scraped from its container start, so while it warms up it
+counts in ``sum(up == 1)`` and its permits in the utilisation's denominator (``Record.scraped``).
+Each pod's scrape fails with probability ``scrape_failure`` (its ``up`` reads 0, its gauges keep the
+last sample, as an instant query looks back 5 minutes), and a whole query fails with probability
+``query_failure`` (Prometheus unreachable or timing out: the reader gets no data). Failures are
+drawn per scrape from ``seed``, the same for every policy.
+
+Knative's and Ray Serve's own metric paths (the autoscaler scrapes the queue-proxies every second;
+replicas push every ``metrics_interval``) do not go through Prometheus:
+:meth:`Prometheus.total_concurrency` reads the record directly.
 """
 
 from __future__ import annotations
@@ -24,6 +34,20 @@ class Prometheus:
     model: ServiceModel
     scrape_interval: int = 15
     rate_window: int = 120
+    scrape_failure: float = 0.01
+    query_failure: float = 0.002
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        n = self.rec.seconds // max(1, self.scrape_interval) + 2
+        rng = np.random.default_rng(self.seed + 77)
+        self._query_failed = rng.random(n) < self.query_failure
+        self._scrape_u = rng.random(n)  # one uniform per scrape: the share of pods missed
+
+    def failed(self, t: int) -> bool:
+        """Whether the queries evaluated at ``t`` fail."""
+        s = self.scrape_at(t)
+        return s >= 0 and bool(self._query_failed[s // self.scrape_interval])
 
     def scrape_at(self, t: int) -> int:
         """Index of the last scraped second visible at time ``t`` (-1: nothing yet)."""
@@ -33,19 +57,50 @@ class Prometheus:
 
     def _window(self, t: int, window: int | None = None) -> slice | None:
         s = self.scrape_at(t)
-        if s < 0:
+        if s < 0 or self.failed(t):
             return None
         w = window or self.rate_window
         return slice(max(0, s - w + 1), s + 1)
 
     def queue_depth(self, t: int) -> float | None:
         s = self.scrape_at(t)
-        return None if s < 0 else float(self.rec.queue[s])
+        return None if s < 0 or self.failed(t) else float(self.rec.queue[s])
 
     def ready(self, t: int) -> int | None:
-        """Pods scraped and up (``sum(up == 1)``) at the last scrape."""
+        """Pods scraped and up (``sum(up == 1)``) at the last scrape: warming pods count, pods whose
+        scrape failed do not."""
         s = self.scrape_at(t)
-        return None if s < 0 else int(self.rec.ready[s])
+        if s < 0 or self.failed(t):
+            return None
+        n = int(self.rec.scraped[s])
+        # Binomial(n, p) by inversion of one seeded uniform: the same draw for every policy
+        cdf = np.cumsum(_binom_pmf(n, self.scrape_failure))
+        missed = int(np.searchsorted(cdf, self._scrape_u[s // self.scrape_interval]))
+        return max(0, n - min(n, missed))
+
+    def concurrency(self, t: int) -> float | None:
+        """Requests in the pods, running and queued, summed (``sum(sluiceway_queue_depth) +
+        sum(sluiceway_inflight)``-style instant query at the last scrape)."""
+        s = self.scrape_at(t)
+        return None if s < 0 or self.failed(t) else float(self.rec.queue[s] + self.rec.in_service[s])
+
+    def concurrency_live(self, t: int) -> float | None:
+        """The same sum read from the pods' own ``/metrics`` at ``t`` (the scaler's pod polls,
+        ``podMetricsUrls``): no scrape lag; a pod that cannot be read is skipped."""
+        if t <= 0:
+            return None
+        s = t - 1
+        share = 1.0 - self.scrape_failure
+        return float(self.rec.queue[s] + self.rec.in_service[s]) * share
+
+    def total_concurrency(self, t: int, window: int) -> float | None:
+        """Mean over the last ``window`` seconds of the requests in all pods (running + queued):
+        Knative's collector (1-s scrapes of every pod scaled to the revision's total) and Ray
+        Serve's ongoing requests. No Prometheus lag."""
+        if t <= 0:
+            return None
+        lo = max(0, t - window)
+        return float((self.rec.queue[lo:t] + self.rec.in_service[lo:t]).mean())
 
     def wait_p95(self, t: int, window: int | None = None) -> float | None:
         """95th percentile queue wait over the window (None: nothing was admitted)."""
@@ -66,7 +121,7 @@ class Prometheus:
         w = self._window(t, window)
         if w is None:
             return None
-        capacity = float((self.rec.ready[w] * self.model.permits).sum())
+        capacity = float((self.rec.scraped[w] * self.model.permits).sum())  # warming pods' permits count
         return None if capacity <= 0 else float(self.rec.busy[w].sum()) / capacity
 
     def admitted_rate(self, t: int, window: int | None = None) -> float | None:
@@ -105,15 +160,10 @@ class Prometheus:
         x = np.asarray(points, dtype=float)
         return float(np.polyfit(x, np.asarray(rates), 1)[0])
 
-    def concurrency_per_pod(self, t: int, window: int) -> float | None:
-        """Mean requests in the pod (running + queued) per ready pod over the last ``window`` seconds
-        (Knative's queue-proxy and Ray Serve's ongoing requests). Sampled every second, no scrape lag."""
-        if t <= 0:
-            return None
-        lo = max(0, t - window)
-        ready = self.rec.ready[lo:t].astype(float)
-        conc = self.rec.queue[lo:t] + self.rec.in_service[lo:t]
-        mask = ready > 0
-        if not mask.any():
-            return None
-        return float((conc[mask] / ready[mask]).mean())
+
+def _binom_pmf(n: int, p: float) -> np.ndarray:
+    """Binomial(n, p) probabilities of 0..min(n, 20) misses (enough for p of a few percent)."""
+    k = np.arange(min(n, 20) + 1)
+    from math import comb
+
+    return np.array([comb(n, int(i)) * p**i * (1 - p) ** (n - i) for i in k])

@@ -12,6 +12,13 @@ Shapes (``peak`` is the highest rate; ``base`` the quiet rate):
   over 10 minutes.
 - ``ramp``: linear from ``base`` to ``peak`` over the middle 80 % of the trace.
 - ``onoff``: ``peak`` for ``on`` seconds, ``base`` for ``off`` seconds, repeated.
+- ``stairs`` (issue 21): the sandbox demo's shape at scale: ``base``, then steps of 1.5x up to
+  ``peak`` and back down the same stairs, each held the same time (4 h: 13 steps of ~18 min).
+  Each step up is a sustained overload that new capacity absorbs: the queue and wait terms fade,
+  the load terms must hold the count.
+- ``bursty`` (issue 21): a mean that wanders between ``base`` and ``peak`` over hours, times a
+  lognormal factor per minute (sigma 0.4, seeded), with 3-minute bursts of 3x every 25-50 minutes
+  (seeded): the burstiness of production LLM traces (BurstGPT, Azure LLM), shorter than a start-up.
 - ``csv:PATH``: replay of users' own logs. One request timestamp (seconds, float) per line, first
   column; a header line and ``#`` comments are skipped. Counts per second become the rate.
 """
@@ -25,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Trace", "arrivals", "make_trace", "read_csv_trace"]
+__all__ = ["TRACES", "Trace", "arrivals", "make_trace", "read_csv_trace"]
+
+TRACES = ("diurnal", "flash", "ramp", "onoff", "stairs", "bursty")
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,34 @@ def onoff(seconds: int, base: float, peak: float, seed: int, on: int = 300, off:
     return Trace("onoff", np.where((t % period) < on, peak, base).astype(float))
 
 
+def stairs(seconds: int, base: float, peak: float, seed: int, factor: float = 1.5) -> Trace:
+    del seed
+    levels = [base]
+    while levels[-1] * factor < peak:
+        levels.append(levels[-1] * factor)
+    levels.append(peak)
+    shape = levels + levels[-2::-1]
+    rate = np.empty(seconds, dtype=float)
+    per = max(1, seconds // len(shape))  # 4 h, base = peak / 10: 13 steps of ~18 min
+    for i in range(seconds):
+        rate[i] = shape[min(len(shape) - 1, i // per)]
+    return Trace("stairs", rate)
+
+
+def bursty(seconds: int, base: float, peak: float, seed: int) -> Trace:
+    rng = np.random.default_rng(seed + 11)
+    t = np.arange(seconds, dtype=float)
+    mean = base + (peak / 3 - base) * (0.5 - 0.5 * np.cos(2 * math.pi * t / max(1, seconds) * 2))
+    minutes = seconds // 60 + 1
+    factor = np.exp(0.4 * rng.standard_normal(minutes) - 0.08)  # mean ~1
+    rate = mean * np.repeat(factor, 60)[:seconds]
+    at = int(rng.integers(600, 1800))
+    while at < seconds:
+        rate[at : at + 180] *= 3.0
+        at += int(rng.integers(1500, 3000))
+    return Trace("bursty", np.clip(rate, 0.0, peak))
+
+
 def read_csv_trace(path: str | Path) -> Trace:
     """Request timestamps (seconds) -> per-second rate. Raises ValueError naming the bad line."""
     stamps: list[float] = []
@@ -106,7 +143,7 @@ def read_csv_trace(path: str | Path) -> Trace:
 
 
 def make_trace(spec: str, seconds: int, peak: float, seed: int) -> Trace:
-    """``diurnal|flash|ramp|onoff|csv:PATH``; ``peak`` in requests/s (ignored for csv)."""
+    """``diurnal|flash|ramp|onoff|stairs|bursty|csv:PATH``; ``peak`` in requests/s (ignored for csv)."""
     if spec.startswith("csv:"):
         return read_csv_trace(spec[4:])
     base = peak / 10.0
@@ -118,7 +155,11 @@ def make_trace(spec: str, seconds: int, peak: float, seed: int) -> Trace:
         return ramp(seconds, base, peak, seed)
     if spec == "onoff":
         return onoff(seconds, base, peak, seed)
-    raise ValueError(f"unknown trace {spec!r} (diurnal, flash, ramp, onoff, csv:PATH)")
+    if spec == "stairs":
+        return stairs(seconds, base, peak, seed)
+    if spec == "bursty":
+        return bursty(seconds, base, peak, seed)
+    raise ValueError(f"unknown trace {spec!r} ({', '.join(TRACES)}, csv:PATH)")
 
 
 def arrivals(trace: Trace, seed: int) -> np.ndarray:

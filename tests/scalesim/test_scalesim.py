@@ -175,9 +175,9 @@ def test_cli_writes_json_and_png(tmp_path: Path) -> None:
     log.write_text("\n".join(f"{s:.3f}" for s in stamps))
     out = tmp_path / "out"
     assert main(["--trace", f"csv:{log}", "--policies", "ours-keda,oracle", "--out", str(out)]) == 0
-    rows = json.loads((out / "csv_trace.csv.json").read_text())
+    rows = json.loads((out / "csv_trace.csv-short.json").read_text())
     assert [r["policy"] for r in rows] == ["ours-keda", "oracle"]
-    assert (out / "csv_trace.csv.png").stat().st_size > 1000
+    assert (out / "csv_trace.csv-short.png").stat().st_size > 1000
     assert main(["--trace", "weekly", "--out", str(out)]) == 2
 
 
@@ -213,9 +213,9 @@ def test_grid_scores_candidates_against_the_peers(capsys: pytest.CaptureFixture[
     assert grid_main(["--engines", "hpa"]) == 2
     with pytest.raises(SystemExit):
         grid_main(["--help"])
-    ours = Scores("ours", "t", 1, 0.95, 0.05, 1.0, 1.0, 100.0, 1, 0, 1)
-    better = Scores("peer", "t", 1, 0.96, 0.04, 1.0, 1.0, 100.0, 1, 0, 1)
-    worse = Scores("cheap", "t", 1, 0.90, 0.10, 1.0, 1.0, 50.0, 1, 0, 1)
+    ours = Scores("ours", "t", 1, 0.95, 0.0, 0.05, 1.0, 1.0, 100.0, 1, 0, 1)
+    better = Scores("peer", "t", 1, 0.96, 0.0, 0.04, 1.0, 1.0, 100.0, 1, 0, 1)
+    worse = Scores("cheap", "t", 1, 0.90, 0.0, 0.10, 1.0, 1.0, 50.0, 1, 0, 1)
     assert dominated_by(ours, [better, worse]) == ["peer"]
 
 

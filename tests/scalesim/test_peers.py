@@ -1,0 +1,179 @@
+"""Each peer's formula pinned to its source's (``shared/reference/autoscaling-sim.md``), with its
+documented defaults; KEDA's polling loop calling our scaler; what Prometheus really returns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.scalesim.compare import PEERS, build_policies
+from bench.scalesim.controllers import (
+    HPA_SYNC,
+    KEDA_POLLING,
+    HpaUtilisation,
+    KedaPrometheus,
+    Kpa,
+    OursKeda,
+    RayServe,
+    default_spec,
+    rendered_behavior,
+)
+from bench.scalesim.model import PodPool, Record, ServiceModel, Startup
+from bench.scalesim.observe import Prometheus
+
+MODEL = ServiceModel()
+
+
+def _prom(
+    seconds: int, *, queue: float = 0.0, in_service: float = 0.0, ready: int = 10, scraped: int | None = None,
+    arrived: float = 0.0, busy: float = 0.0, query_failure: float = 0.0, scrape_failure: float = 0.0,
+) -> Prometheus:
+    rec = Record(seconds)
+    rec.queue[:] = queue
+    rec.in_service[:] = in_service
+    rec.ready[:] = ready
+    rec.scraped[:] = ready if scraped is None else scraped
+    rec.arrived[:] = arrived
+    rec.busy[:] = busy
+    return Prometheus(rec, MODEL, scrape_failure=scrape_failure, query_failure=query_failure)
+
+
+# ------------------------------------------------------------------------------------ Knative
+def test_kpa_defaults_are_knatives() -> None:
+    """config/core/configmaps/autoscaler.yaml: target 70 %, stable 60 s, panic 10 % of it (6 s),
+    panic threshold 200 %, max scale up rate 1000, max scale down rate 2, burst capacity 200;
+    decisions every 2 s (multiscaler.go)."""
+    kpa = Kpa(container_concurrency=4, min_replicas=1, max_replicas=5000)
+    assert (kpa.target_pct, kpa.stable, kpa.panic, kpa.panic_threshold) == (0.7, 60, 6, 2.0)
+    assert (kpa.max_up_rate, kpa.max_down_rate, kpa.target_burst_capacity, kpa.interval) == (1000.0, 2.0, 200.0, 2)
+
+
+def test_kpa_scales_the_total_concurrency_not_the_per_pod_average_times_the_ready_count() -> None:
+    """autoscaler.go: DSPC = ceil(stable total / TV), TV = 0.7 x 4 = 2.8, clamped to
+    [floor(ready / 2), ceil(1000 x ready)]. The old model multiplied a per-pod mean by the current
+    ready count, which compounds while pods start."""
+    kpa = Kpa(container_concurrency=4, min_replicas=1, max_replicas=5000)
+    assert kpa.step(0, stable_total=28.0, panic_total=28.0, ready_pods=10) == 10
+    assert kpa.step(2, stable_total=56.0, panic_total=28.0, ready_pods=40) == 20  # total / TV, whatever ready is
+    assert kpa.step(4, stable_total=2.8, panic_total=2.8, ready_pods=10) == 5  # at most halving per tick
+    assert Kpa(4, 1, 5000).step(0, stable_total=1e6, panic_total=1e6, ready_pods=1) == 1000  # 1000 x ready
+
+
+def test_kpa_panics_at_twice_the_target_ratchets_and_ends_a_stable_window_later() -> None:
+    kpa = Kpa(container_concurrency=4, min_replicas=1, max_replicas=5000)
+    # DPPC = ceil(56 / 2.8) = 20 = 2.0 x 10 ready: panic; desired max(DSPC 10, DPPC 20)
+    assert kpa.step(100, stable_total=28.0, panic_total=56.0, ready_pods=10) == 20
+    # calm again: in panic the count never falls ...
+    assert kpa.step(130, stable_total=28.0, panic_total=28.0, ready_pods=10) == 20
+    assert kpa.step(160, stable_total=28.0, panic_total=28.0, ready_pods=10) == 20
+    # ... until a stable window (60 s) has passed since the last trigger
+    assert kpa.step(162, stable_total=28.0, panic_total=28.0, ready_pods=10) == 10
+
+
+def test_kpa_reads_the_collectors_window_averages_of_total_concurrency() -> None:
+    prom = _prom(120, queue=20.0, in_service=8.0)
+    kpa = Kpa(4, 1, 5000)
+    assert kpa.decide(120, prom, PodPool(MODEL, 10, np.random.default_rng(1))) == 10  # 28 / 2.8
+
+
+# ------------------------------------------------------------------------------------ KEDA
+def test_keda_triggers_are_average_value_on_the_legacy_hpa() -> None:
+    """A Prometheus trigger with metricType AverageValue: the HPA asks ceil(value / threshold) unless
+    value / (threshold x status.replicas) is within 10 %; behaviour nil: scale-up capped at
+    max(2 x current, 4) per sync, scale-down held 5 minutes."""
+    pool = PodPool(MODEL, 10, np.random.default_rng(1))
+    conc = KedaPrometheus("concurrency", 3.2, 1, 1000)
+    assert conc.interval == HPA_SYNC == 15 and KEDA_POLLING == 30
+    assert conc.decide(30, _prom(40, queue=60.0, in_service=40.0), pool) == 20  # ceil(100 / 3.2) = 32, cap 20
+    steady = KedaPrometheus("concurrency", 3.2, 1, 1000)
+    assert steady.decide(30, _prom(40, queue=0.0, in_service=33.0), pool) == 10  # 33 / 32: within 10 %
+    rate = KedaPrometheus("rate", 16.0, 1, 1000)
+    assert rate.rate_window == 60
+    assert rate.decide(75, _prom(80, arrived=320.0), pool) == 20  # 320/s / 16 per replica
+    assert rate.decide(90, _prom(95, arrived=16.0), pool) == 20  # the drop waits 5 minutes
+    assert rate.decide(400, _prom(405, arrived=16.0), pool) == 1
+    with pytest.raises(ValueError, match="unknown KEDA query"):
+        KedaPrometheus("p95", 1.0, 1, 10)
+
+
+def test_a_failed_query_leaves_the_keda_peers_and_ours_where_they_are() -> None:
+    pool = PodPool(MODEL, 10, np.random.default_rng(1))
+    down = _prom(40, queue=500.0, in_service=40.0, query_failure=1.0)
+    assert KedaPrometheus("concurrency", 3.2, 1, 1000).decide(30, down, pool) is None
+    ours = OursKeda(default_spec(1000), rendered_behavior(default_spec(1000), windows_add_up=True))
+    assert ours.decide(30, down, pool) == 10
+    assert ours._history.entries[-1].recommendation == 10  # held: the policy records current
+
+
+def test_kedas_polling_loop_calls_our_scaler_between_the_hpas_syncs() -> None:
+    """KEDA polls every 30 s (pollingInterval) on top of the HPA's 15 s reads; the scaler answers
+    both and records both; only the HPA's read changes the Deployment."""
+    pool = PodPool(MODEL, 10, np.random.default_rng(1))
+    prom = _prom(200, queue=0.0, in_service=20.0, arrived=100.0, busy=20.0)
+    spec = default_spec(1000)
+    ours = OursKeda(spec, rendered_behavior(spec, windows_add_up=True))
+    answers = {t: ours.decide(t, prom, pool) for t in range(1, 61)}
+    assert [t for t, a in answers.items() if a is not None] == [15, 30, 45, 60]
+    assert [e.at for e in ours._history.entries] == [7.0, 15.0, 30.0, 37.0, 45.0, 60.0]
+
+
+# ------------------------------------------------------------------------------------ Ray, HPA
+def test_ray_serve_formula_and_defaults() -> None:
+    """autoscaling_policy.py: e = total / (target x running); desired = ceil(running x (1 + (e - 1)
+    x f)); one less when that equals running but ceil(running x e) is lower. Defaults: target 2,
+    look-back 30 s, metrics every 10 s, upscale delay 30 s, downscale delay 600 s, factors 1."""
+    ray = RayServe(1, 100)
+    assert (ray.target_ongoing, ray.look_back, ray.metrics_interval) == (2.0, 30, 10)
+    assert (ray.upscale_delay, ray.downscale_delay, ray.upscaling_factor, ray.downscaling_factor) == (30, 600, 1.0, 1.0)
+    assert ray.desired(24.0, 4) == 12
+    assert ray.desired(5.0, 4) == 3
+    slow = RayServe(1, 100, downscaling_factor=0.5)
+    assert slow.desired(7.0, 4) == 4  # 4 x (1 - 0.125 x 0.5) = 3.75 -> 4; ceil(3.5) = 4 is not lower
+    assert slow.desired(6.0, 4) == 3  # 3.5 -> 4 == running, ceil(4 x 0.75) = 3 is lower: one less
+
+
+def test_hpa_utilisation_counts_warming_pods_that_export_zero() -> None:
+    """The HPA's readiness filter is CPU-only: a warming pod that exports a 0 utilisation counts in
+    the mean and in the pod count (calcPlainMetricReplicas)."""
+    pool = PodPool(MODEL, 10, np.random.default_rng(1))
+    busy = 10 * MODEL.permits * 0.96  # 10 ready pods at 96 %
+    hpa = HpaUtilisation(0.8, 1, 1000)
+    assert hpa.decide(75, _prom(80, busy=busy, ready=10, scraped=10), pool) == 12  # 0.96 / 0.8 x 10
+    warming = HpaUtilisation(0.8, 1, 1000)
+    assert warming.decide(75, _prom(80, busy=busy, ready=10, scraped=20), pool) == 12  # 0.48 / 0.8 x 20
+    assert warming.decide(90, _prom(95, busy=busy * 0.75, ready=10, scraped=20), pool) == 12  # 0.36/0.8x20=9: held
+
+
+def test_the_fair_peers_are_the_documented_ones() -> None:
+    ctls = build_policies(PEERS, MODEL, np.ones(10), 100)
+    assert [c.name for c in ctls] == ["keda-concurrency", "keda-rate", "hpa-utilisation", "knative-kpa", "ray-serve"]
+    conc, rate = ctls[0], ctls[1]
+    assert isinstance(conc, KedaPrometheus) and conc.threshold == pytest.approx(0.8 * MODEL.permits)
+    assert isinstance(rate, KedaPrometheus) and rate.threshold == pytest.approx(0.8 * MODEL.replica_rate)
+
+
+# ------------------------------------------------------------------------------------ Prometheus
+def test_warming_pods_count_in_pods_up_and_in_the_utilisations_denominator() -> None:
+    pool = PodPool(ServiceModel(startup=Startup(10, 10, pull=(5, 5), scraped_while_warming=True)), 2,
+                   np.random.default_rng(1))
+    pool.set_target(5, 0)
+    pool.tick(4)
+    assert (pool.ready, pool.warming, pool.scraped) == (2, 0, 2)
+    pool.tick(6)
+    assert (pool.ready, pool.warming, pool.scraped) == (2, 3, 5)  # serving /metrics, not Ready
+    pool.set_target(4, 7)  # cancels a warming pod
+    assert (pool.warming, pool.total) == (2, 4)
+    pool.tick(16)
+    assert (pool.ready, pool.warming, pool.scraped) == (4, 0, 4)
+    prom = _prom(80, busy=2 * MODEL.permits, ready=2, scraped=4)
+    assert prom.ready(60) == 4 and prom.utilisation(60) == pytest.approx(0.5)
+
+
+def test_scrape_failures_drop_pods_from_up_at_the_configured_rate() -> None:
+    prom = _prom(15 * 4000, ready=100, scrape_failure=0.01)
+    missed = [100 - (prom.ready(15 * k + 1) or 0) for k in range(1, 3999)]
+    assert 0.7 < float(np.mean(missed)) < 1.3  # Binomial(100, 1 %): one pod a scrape on average
+    assert _prom(100, ready=100).ready(31) == 100
+    failing = _prom(15 * 1000, ready=10, query_failure=0.05)
+    lost = sum(failing.queue_depth(15 * k + 1) is None for k in range(1, 999))
+    assert 25 < lost < 80
