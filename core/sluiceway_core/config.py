@@ -56,10 +56,32 @@ class TensorSpecConfig(_Model):
         return self
 
 
+#: ``synthetic:<milliseconds>`` (a decimal, no sign or exponent). The CRD's CEL rules carry the same
+#: regular expression (tests/operator/test_operator_apiserver.py checks both on the same strings).
+SYNTHETIC_SPEC = re.compile(r"synthetic:[0-9]+(\.[0-9]+)?")
+#: ``package.module:factory``; a module named ``synthetic`` is not one (``synthetic:`` is the prefix
+#: of the synthetic model).
+PYTHON_SPEC = re.compile(r"(?!synthetic:)[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_model_spec(v: str) -> str:
+    """The pod's model grammar, for the model and its fallback. Raises ValueError."""
+    if not v:
+        raise ValueError("model spec must not be empty")
+    if v.startswith("synthetic:"):
+        if not SYNTHETIC_SPEC.fullmatch(v):
+            raise ValueError(f"synthetic spec needs milliseconds ('synthetic:<ms>'), got {v!r}")
+        ms = float(v.split(":", 1)[1])
+        if not 0 <= ms <= 600_000:
+            raise ValueError("synthetic milliseconds must be within 0..600000")
+    return v
+
+
 class ModelConfig(_Model):
     """Which model to serve.
 
-    ``spec`` is one of ``demo``, ``synthetic:<ms>``, a TorchScript file path, or ``module:factory``.
+    ``spec`` is one of ``demo``, ``synthetic:<ms>`` (:data:`SYNTHETIC_SPEC`), a TorchScript file path,
+    or ``module:factory`` (:data:`PYTHON_SPEC`).
     """
 
     spec: str = "demo"
@@ -72,16 +94,7 @@ class ModelConfig(_Model):
     @field_validator("spec")
     @classmethod
     def _spec_ok(cls, v: str) -> str:
-        if not v:
-            raise ValueError("model spec must not be empty")
-        if v.startswith("synthetic:"):
-            try:
-                ms = float(v.split(":", 1)[1])
-            except ValueError:
-                raise ValueError(f"synthetic spec needs milliseconds, got {v!r}") from None
-            if not 0 <= ms <= 600_000:
-                raise ValueError("synthetic milliseconds must be within 0..600000")
-        return v
+        return check_model_spec(v)
 
 
 class ServerConfig(_Model):
@@ -252,6 +265,11 @@ class CacheConfig(_Model):
 class FallbackModelConfig(_Model):
     spec: str
     permits: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_ok(cls, v: str) -> str:
+        return check_model_spec(v)
 
 
 class DegradationConfig(_Model):

@@ -4,14 +4,25 @@
   decimal, e.g. ``500ms``, ``5s``, ``1m30s``, ``1.5m``. A bare number is refused (a unit is always
   named). The CRD's patterns are stricter (integers only); every string the CRD accepts parses here.
 - rate: ``<integer>/<s|m|h>`` (``30/m`` is 0.5 per second).
-- quantity: a Kubernetes quantity such as ``1Gi``, ``500M`` or ``2`` (rounded up to an integer).
+- quantity: a non-negative Kubernetes quantity such as ``1Gi``, ``500M``, ``1e9``, ``+2`` (rounded up to
+  an integer), the grammar of :data:`QUANTITY_PATTERN`, which the CRD's quantity fields carry verbatim
+  (tests/core/test_quantity_grammar.py checks that both accept the same strings).
 """
 
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, Decimal, localcontext
 
-__all__ = ["UnitError", "format_duration", "parse_duration", "parse_quantity", "parse_rate", "parse_seconds"]
+__all__ = [
+    "QUANTITY_PATTERN",
+    "UnitError",
+    "format_duration",
+    "parse_duration",
+    "parse_quantity",
+    "parse_rate",
+    "parse_seconds",
+]
 
 
 class UnitError(ValueError):
@@ -23,7 +34,13 @@ _DURATION_FULL = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _BARE_SECONDS = re.compile(r"^[0-9]+(?:\.[0-9]+)?$")
 _RATE = re.compile(r"^([0-9]+)/(s|m|h)$")
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|)$")
+#: A non-negative Kubernetes quantity (k8s.io/apimachinery resource.Quantity without a sign other than
+#: ``+``): digits with an optional fraction, then a binary suffix, a decimal suffix or an integer
+#: exponent. The CRD's ``pattern`` is ``^`` + this + ``$``.
+QUANTITY_PATTERN = r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?"
+_QUANTITY = re.compile(r"\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([KMGTPE]i|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
+#: The largest quantity Kubernetes holds (an int64).
+MAX_QUANTITY = 2**63 - 1
 _QUANTITY_FACTOR: dict[str, float] = {
     "": 1,
     "n": 1e-9,
@@ -42,6 +59,8 @@ _QUANTITY_FACTOR: dict[str, float] = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
+#: The fractional suffixes as exact decimals (floats would round 1m * 1000 off an integer).
+_DECIMAL_FRACTIONS = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
 
 
 def parse_duration(text: str) -> float:
@@ -78,11 +97,34 @@ def parse_rate(text: str) -> float:
 
 
 def parse_quantity(value: int | str) -> int:
-    """A Kubernetes quantity (``"1Gi"``, ``"500M"``, ``2``) -> an integer, rounded up."""
-    if isinstance(value, int):
-        return value
-    m = _QUANTITY.match(value.strip())
-    if not m:
+    """A Kubernetes quantity (``"1Gi"``, ``"500M"``, ``"1e9"``, ``2``) -> an integer, rounded up.
+    Raises :class:`UnitError` for anything outside :data:`QUANTITY_PATTERN` or above
+    :data:`MAX_QUANTITY`."""
+    if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a quantity like 1Gi or 500M")
-    number = float(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
-    return int(-(-number // 1))
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_QUANTITY:
+            raise UnitError(f"{value} is not a quantity within 0..{MAX_QUANTITY}")
+        return value
+    m = _QUANTITY.fullmatch(value)
+    if not m:
+        raise UnitError(f"{value!r} is not a quantity like 1Gi, 500M or 1e9")
+    with localcontext() as ctx:
+        ctx.prec = 100  # exact for every value up to MAX_QUANTITY times the largest suffix
+        number = Decimal(m.group(1))
+        suffix, exponent = m.group(2), m.group(3)
+        if exponent is not None:
+            exp = int(exponent)
+            if number != 0 and number.adjusted() + exp > 18:  # >= 1e19: beyond an int64
+                raise UnitError(f"{value!r} is too large a quantity (at most {MAX_QUANTITY})")
+            number = number.scaleb(max(exp, -60))
+        elif suffix in _DECIMAL_FRACTIONS:
+            number *= _DECIMAL_FRACTIONS[suffix]
+        else:
+            number *= int(_QUANTITY_FACTOR[suffix or ""])
+        result = int(number.to_integral_value(rounding=ROUND_CEILING))
+    if result > MAX_QUANTITY:
+        raise UnitError(f"{value!r} is too large a quantity (at most {MAX_QUANTITY})")
+    return result
+
+

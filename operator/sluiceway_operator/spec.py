@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
-from sluiceway_core.units import UnitError, parse_duration
+from sluiceway_core.config import PYTHON_SPEC, SYNTHETIC_SPEC
+from sluiceway_core.units import UnitError, parse_duration, parse_quantity
 
 from .affinity import check_affinity
 
@@ -28,10 +29,9 @@ _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _QUALIFIED_NAME = re.compile(rf"(({_DNS_LABEL}(\.{_DNS_LABEL})*)/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_QUANTITY = re.compile(
-    r"\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE]\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
-)
-_MODEL_SOURCE = re.compile(r"demo|synthetic:[0-9]+|/.*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*", re.S)
+#: The pod's model grammar (``sluiceway_core.config.SYNTHETIC_SPEC``/``PYTHON_SPEC``; the CRD's CEL
+#: says the same).
+_MODEL_SOURCE = re.compile(rf"demo|{SYNTHETIC_SPEC.pattern}|/.*|{PYTHON_SPEC.pattern}", re.S)
 #: Paths the pod mounts itself (config, key hashes, scratch): a model volume must not hide them.
 RESERVED_PATHS = ("/tmp", "/etc/sluiceway", "/var/run/secrets/sluiceway")
 #: The pod config's limit on priority class names (sluiceway_core.config.PrioritiesConfig).
@@ -58,10 +58,11 @@ def _label_value(v: str) -> str:
 
 
 def _quantity(v: int | str) -> int | str:
-    if isinstance(v, bool) or (isinstance(v, int) and v < 0):
-        raise ValueError(f"{v!r} is not a non-negative quantity")
-    if isinstance(v, str) and not _QUANTITY.fullmatch(v):
-        raise ValueError(f"{v!r} is not a non-negative quantity (such as 500m, 2, 1.5Gi)")
+    """The one quantity grammar (``sluiceway_core.units.parse_quantity``, the CRD's pattern)."""
+    try:
+        parse_quantity(v)
+    except UnitError as err:
+        raise ValueError(f"{err} (a non-negative quantity such as 500m, 2, 1.5Gi or 1e9)") from None
     return v
 
 
@@ -185,9 +186,9 @@ class ModelSpec(_Model):
     @model_validator(mode="after")
     def _format_matches_source(self) -> ModelSpec:
         ok = {
-            "synthetic": re.fullmatch(r"synthetic:[0-9]+", self.source),
+            "synthetic": SYNTHETIC_SPEC.fullmatch(self.source),
             "demo": self.source == "demo",
-            "python": re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*", self.source),
+            "python": PYTHON_SPEC.fullmatch(self.source),
             "torchscript": self.source.startswith("/"),
         }[self.format]
         if not ok:
@@ -315,6 +316,11 @@ class ScaleUpSpec(_Model):
     period: Duration = "15s"
 
 
+#: The rate window of the sluiceway scaler's load terms (its ``rateWindow`` default, which the
+#: operator does not override): engine keda needs a scale-down window of at least this plus one
+#: scrape interval (the CRD's CEL says the same; issue 21).
+SCALER_RATE_WINDOW = 60.0
+
 #: Longest ``autoscaling.scaleDown.releaseWindow`` (the CRD's CEL says the same).
 MAX_RELEASE_WINDOW = 86_400.0
 
@@ -404,6 +410,13 @@ class InferenceServiceSpec(_Model):
             )
         if a.min_replicas > a.max_replicas:
             raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
+        down_window = parse_duration(a.scale_down.stabilization_window)
+        if a.engine == "keda" and down_window < SCALER_RATE_WINDOW + parse_duration(self.monitoring.interval):
+            raise ValueError(
+                "with engine keda, autoscaling.scaleDown.stabilizationWindow must be at least the scaler's rate "
+                "window (1m) plus monitoring.interval: the load terms still average earlier, lighter phases, so a "
+                "shorter window lets a steady overload read low and the service flaps"
+            )
         release = a.scale_down.release_window_seconds
         if release is not None and release > MAX_RELEASE_WINDOW:
             raise ValueError("autoscaling.scaleDown.releaseWindow must be at most 24h")

@@ -28,6 +28,8 @@ from kubetools import (
 from operator_support import case_names, load_case, load_crd
 from sluiceway_core.keys import hash_key, parse_keys_text
 from sluiceway_operator.kube import ApiError, Kube
+from sluiceway_operator.render import Owner, build_pod_config
+from sluiceway_operator.spec import parse_spec
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -240,6 +242,30 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         ({"concurrency": {"adaptiveInterval": "2h"}}, "concurrency.adaptiveInterval must be within (0, 1h]"),
         ({"concurrency": {"probeSharePercent": 0}}, "spec.concurrency.probeSharePercent"),
         ({"concurrency": {"probeSharePercent": 101}}, "spec.concurrency.probeSharePercent"),
+        # issue 18: one model grammar for the CRD and the pod (the pod refuses these at start)
+        (
+            {"model": {"image": "registry.example/p:1", "format": "demo", "source": "demo",
+                       "fallback": {"source": "synthetic:fast"}}},
+            "model.fallback.source must be",
+        ),
+        (
+            {"model": {"image": "registry.example/p:1", "format": "python", "source": "synthetic:fast"}},
+            "format python needs source",
+        ),
+        (
+            {"model": {"image": "registry.example/p:1", "format": "synthetic", "source": "synthetic:1e3"}},
+            "format synthetic needs source",
+        ),
+        # issue 18: one quantity grammar (parse_quantity refuses a fractional exponent)
+        ({"concurrency": {"memoryReserve": "1e1.5"}}, "spec.concurrency.memoryReserve"),
+        ({"concurrency": {"memoryReserve": "-1"}}, "spec.concurrency.memoryReserve"),
+        # issue 21: a scale-down window shorter than the scaler's rate window plus a scrape flaps
+        ({"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "20s"}}}, "rate window (1m)"),
+        (
+            {"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "70s"}},
+             "monitoring": {"interval": "15s"}},
+            "rate window (1m)",
+        ),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -247,6 +273,34 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         admin.create(_path(), _isvc("bad", **spec), dry_run=True)
     assert info.value.status == 422
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"concurrency": {"memoryReserve": "1e9"}},
+        {"concurrency": {"memoryReserve": "+1Gi"}},
+        {"concurrency": {"memoryReserve": "1e-3"}},
+        {
+            "model": {"image": "registry.example/p:1", "format": "demo", "source": "demo",
+                      "fallback": {"source": "synthetic:2.5"}},
+            "degradation": {"enabled": True},
+        },
+        {"model": {"image": "registry.example/p:1", "format": "synthetic", "source": "synthetic:20"}},
+        {"model": {"image": "registry.example/p:1", "format": "python", "source": "synthetics:make"}},
+        {"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "75s"}}},
+        {"autoscaling": {"engine": "builtin", "scaleDown": {"stabilizationWindow": "20s"}}},
+    ],
+)
+def test_the_crd_the_operator_and_the_pod_accept_the_same(admin: Admin, spec: dict[str, Any]) -> None:
+    """What the API server accepts, the operator renders and the pod's config model loads
+    (before the fix memoryReserve 1e9/+1Gi raised UnitError while rendering)."""
+    stored = admin.create(_path(), _isvc("same", **spec), dry_run=True)["spec"]
+    cfg = build_pod_config(Owner("same", NS, "u"), parse_spec(stored))
+    assert cfg.model.spec == stored["model"]["source"]
+    if "fallback" in stored["model"]:
+        assert cfg.degradation.fallback is not None
+        assert cfg.degradation.fallback.spec == stored["model"]["fallback"]["source"]
 
 
 @pytest.mark.parametrize("release", ["0s", "301s", "24h"])
