@@ -80,6 +80,12 @@ class Overloaded(SluicewayError):
     reason = "overloaded"
 
 
+class BodyBudgetSpent(SluicewayError):
+    """The pod's budget for request bodies in flight (``server.maxInflightBodyBytes``) is spent."""
+
+    reason = "body_budget"
+
+
 class QueueTimeout(SluicewayError):
     reason = "queue_timeout"
 
@@ -144,6 +150,7 @@ _HTTP: dict[type[SluicewayError], int] = {
     TenantQueueFull: 429,
     RateLimited: 429,
     Overloaded: 429,
+    BodyBudgetSpent: 429,
     QueueTimeout: 503,
     DeadlineUnmeetable: 503,
     DeadlineExpired: 503,
