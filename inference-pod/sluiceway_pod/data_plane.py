@@ -40,6 +40,7 @@ from .clock import Clock, MonotonicClock
 from .degradation import FallbackSlots, ResponseCache
 from .dispatcher import Dispatcher
 from .errors import (
+    BodyBudgetSpent,
     ClientGone,
     DeadlineUnmeetable,
     Draining,
@@ -64,6 +65,7 @@ from .protocol import (
     content_hash,
     decode_request,
     encode_response,
+    max_request_bytes,
 )
 from .quota_client import QuotaClient, start_quota_client
 from .runtime import Sizing, allocated_bytes, measure, release_cache
@@ -90,6 +92,29 @@ class Response:
     wire: bytes | None = field(default=None, repr=False, compare=False)
 
 
+#: The load headers on every answer to an infer request that reached the ASGI path (issue 19's
+#: gateway routes by them; docs/pod.md): names pre-encoded, values formatted per answer.
+QUEUE_DEPTH_HEADER = b"sluiceway-queue-depth"
+PERMITS_HEADER = b"sluiceway-permits"
+PREDICTED_WAIT_HEADER = b"sluiceway-predicted-wait-ms"
+DRAINING_HEADER = b"sluiceway-draining"
+DEGRADATION_HEADER = b"sluiceway-degradation"
+_FLAG = (b"0", b"1")
+_LEVEL = (b"0", b"1", b"2")
+
+
+def degradation_level(depth: int, max_depth: int, wait: float, threshold: float | None) -> int:
+    """0: full service; 1: the degradation ladder is engaged (``threshold`` set, i.e. degradation
+    enabled, and the predicted wait over it: new requests go to the fallback model, the cache or 429
+    ``overloaded``); 2: the queue is full (a new request gets in only by displacing a lower class, or
+    down the ladder)."""
+    if depth >= max_depth:
+        return 2
+    if threshold is not None and wait > threshold:
+        return 1
+    return 0
+
+
 #: Bodies above this size are decoded in a worker thread (the loop keeps serving probes meanwhile).
 DECODE_OFF_LOOP_BYTES = 256 * 1024
 
@@ -105,15 +130,54 @@ def error_response(err: SluicewayError) -> Response:
     return Response(http_status(err), orjson.dumps(doc), headers)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Admitted:
     """What the headers alone decided, before the body was read: who calls, at which priority,
-    within which time budget (the client's deadline, capped by the drain budget while draining)."""
+    within which time budget (the client's deadline, capped by the drain budget while draining).
+    ``held`` is what this request holds of the pod's :class:`BodyBudget` (set by the transport)."""
 
     tenant: Tenant
     rank: int
     priority: str
     budget: float | None
+    held: int = 0
+
+
+class BodyBudget:
+    """The bytes of request bodies in flight on the pod, all connections together, bounded by
+    ``server.maxInflightBodyBytes`` (issue 18, item 7). A request reserves its declared
+    ``Content-Length`` when its headers are admitted (a chunked body: as it arrives) and gives it back
+    once, when its body is decoded into tensors that do not share its bytes, else when it is
+    answered (refused, client gone, error, or served: :meth:`release` is idempotent).
+
+    Concurrency model: used on the event loop only; every call is synchronous, so a check and the
+    reservation that follows it in the same callback cannot interleave with another request's."""
+
+    __slots__ = ("held", "limit", "peak")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0  # the most ever held (tests and the metric read it)
+
+    def fits(self, n: int) -> bool:
+        return self.held + n <= self.limit
+
+    def take(self, adm: Admitted, n: int) -> bool:
+        """Reserve ``n`` more bytes for ``adm``; False (nothing reserved) when they do not fit."""
+        held = self.held + n
+        if held > self.limit:
+            return False
+        self.held = held
+        if held > self.peak:
+            self.peak = held
+        adm.held += n
+        return True
+
+    def release(self, adm: Admitted) -> None:
+        """Give back what ``adm`` holds (a second call gives back nothing)."""
+        self.held -= adm.held
+        adm.held = 0
 
 
 class DataPlane:
@@ -158,6 +222,11 @@ class DataPlane:
         self._fallback_pool: ThreadPoolExecutor | None = None
         self.start_error: str | None = None
         self._refusals: dict[tuple[Any, ...], tuple[Response, Any, Any]] = {}
+        self.bodies = BodyBudget(config.server.max_inflight_body_bytes)
+        #: the largest body accepted: ``server.maxBodyBytes``, or less when every input's ``maxShape``
+        #: bounds the request (:func:`~sluiceway_pod.protocol.max_request_bytes`; set at start)
+        self.body_limit = config.server.max_body_bytes
+        self.body_limit_why = "server.maxBodyBytes"
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -180,6 +249,9 @@ class DataPlane:
             self._fallback_slots = FallbackSlots(fb.permits)
             self._fallback_pool = ThreadPoolExecutor(fb.permits, thread_name_prefix="sluiceway-fallback")
         self.runner, self.sizing = runner, sizing
+        by_shape = max_request_bytes(runner.inputs)
+        if by_shape is not None and by_shape < self.body_limit:
+            self.body_limit, self.body_limit_why = by_shape, "what the inputs' maxShape allows"
         settings = AdmissionSettings(
             permits=sizing.permits,
             max_depth=sizing.max_depth,
@@ -321,6 +393,27 @@ class DataPlane:
             }
         return doc
 
+    # ------------------------------------------------------------------ load headers
+    def load_headers(self) -> list[tuple[bytes, bytes]] | None:
+        """This pod's load, as the five ``sluiceway-*`` response headers, or None before the model is
+        loaded. Cheap: a few attribute reads, the core's whole-queue wait prediction and five small
+        byte strings."""
+        core = self.core
+        if core is None:
+            return None
+        wait = core.predicted_wait()
+        deg = self.config.degradation
+        level = degradation_level(
+            core.depth, core.settings.max_depth, wait, deg.wait_threshold_seconds if deg.enabled else None
+        )
+        return [
+            (QUEUE_DEPTH_HEADER, b"%d" % core.depth),
+            (PERMITS_HEADER, b"%d/%d" % (core.in_use, core.limit)),
+            (PREDICTED_WAIT_HEADER, b"%d" % math.ceil(wait * 1000.0)),
+            (DRAINING_HEADER, _FLAG[self.shutting_down]),
+            (DEGRADATION_HEADER, _LEVEL[level]),
+        ]
+
     # ------------------------------------------------------------------ inference
     def refuse(self, err: SluicewayError) -> Response:
         """An answer decided by the transport before the data plane saw the request (413, 499)."""
@@ -354,6 +447,28 @@ class DataPlane:
             )
             if len(self._refusals) < 4096:
                 self._refusals[key] = hit
+        resp, rejected, answered = hit
+        rejected.inc()
+        answered.inc()
+        return resp
+
+    def body_budget_spent(self) -> Response:
+        """429 ``body_budget``: the bodies in flight would exceed ``server.maxInflightBodyBytes``.
+        Built once and reused (counted under the default priority and ``other``: the headers have
+        not been authenticated yet)."""
+        tenant_label, priority = OTHER, self.config.priorities.default
+        hit = self._refusals.get(("body_budget",))
+        if hit is None:
+            err = BodyBudgetSpent(
+                f"the pod's budget for request bodies in flight ({self.bodies.limit} bytes) is spent", retry_after=1
+            )
+            m = self.metrics
+            hit = (
+                error_response(err),
+                m.child(m.rejected, tenant_label, priority, err.reason),
+                m.child(m.requests, tenant_label, priority, str(http_status(err))),
+            )
+            self._refusals[("body_budget",)] = hit
         resp, rejected, answered = hit
         rejected.inc()
         answered.inc()
@@ -430,35 +545,49 @@ class DataPlane:
     async def infer_body(
         self,
         adm: Admitted,
-        body: bytes,
+        body: bytes | list[bytes],
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None = None,
     ) -> Response:
-        """Decode, admit and await the answer of a request :meth:`admit_headers` let through."""
-        resp = await self._infer(adm, body, headers, disconnected)
+        """Decode, admit and await the answer of a request :meth:`admit_headers` let through.
+
+        ``body`` may come boxed (a one-element list the caller keeps no other reference to): a JSON
+        body is then freed, and its share of the :class:`BodyBudget` given back, as soon as it is
+        decoded; a body with binary tensors (whose arrays share its bytes) holds its share until
+        the answer. Whatever ``adm`` still holds is given back here, on every path."""
+        try:
+            resp = await self._infer(adm, body, headers, disconnected)
+        finally:
+            self.bodies.release(adm)
         self.metrics.answered(adm.tenant.label, adm.priority, resp.status)
         return resp
 
     async def _infer(
         self,
         adm: Admitted,
-        body: bytes,
+        boxed: bytes | list[bytes],
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None,
     ) -> Response:
         assert self.core is not None and self.dispatcher is not None and self.runner is not None
         tenant, rank, priority, budget = adm.tenant, adm.rank, adm.priority, adm.budget
+        body = boxed.pop() if isinstance(boxed, list) else boxed
+        header_length = headers.get(HEADER_LEN)
         try:
-            if len(body) > self.config.server.max_body_bytes:
-                raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {self.config.server.max_body_bytes}")
+            if len(body) > self.body_limit:
+                raise PayloadTooLarge(f"body of {len(body)} bytes exceeds {self.body_limit} ({self.body_limit_why})")
             if len(body) > DECODE_OFF_LOOP_BYTES:
-                req = await asyncio.to_thread(decode_request, body, headers.get(HEADER_LEN), self.runner.inputs)
+                req = await asyncio.to_thread(decode_request, body, header_length, self.runner.inputs)
             else:
-                req = decode_request(body, headers.get(HEADER_LEN), self.runner.inputs)
+                req = decode_request(body, header_length, self.runner.inputs)
             check_outputs(req, self.runner.outputs)
         except SluicewayError as e:
             self.metrics.child(self.metrics.rejected, tenant.label, priority, e.reason).inc()
             return error_response(e)
+        finally:
+            if header_length is None:  # JSON only: the tensors are copies, the body goes now
+                del body
+                self.bodies.release(adm)
 
         core, disp = self.core, self.dispatcher
         try:

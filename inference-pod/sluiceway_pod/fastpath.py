@@ -98,7 +98,7 @@ class InferFastPath:
                             closing = True  # the announced body may never come: see the module doc
                 else:  # the infer paths take POST only (as a FastAPI route would answer)
                     r = Response(405, b'{"detail":"Method Not Allowed"}', dict(_NOT_ALLOWED))
-                await _send(send, r, closing)
+                await _send(send, r, closing, self.plane.load_headers())
                 return
         await self.app(scope, receive, send)
 
@@ -111,20 +111,54 @@ class InferFastPath:
         return None if name is None else self._before_body(name, headers)
 
     def _before_body(self, name: str, headers: dict[str, str]) -> Admitted | Response:
-        """What is decided before the body is read: a 413 on the declared length, a refusal on
-        the headers (counted and answered), or the admission so far. Nothing is awaited."""
+        """What is decided before the body is read: a 413 on the declared length (over
+        ``server.maxBodyBytes`` or what the inputs' ``maxShape`` allows), a 429 ``body_budget`` when
+        the declared length does not fit the pod's budget for bodies in flight, a refusal on the
+        headers (counted and answered), or the admission so far, holding its declared length of
+        the budget (``Admitted.held``). Nothing is awaited."""
         plane = self.plane
-        limit = plane.config.server.max_body_bytes
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return plane.refuse(PayloadTooLarge(f"body of {declared} bytes exceeds {limit}"))
-        return plane.admit_headers(name, headers)
+        n = int(declared) if declared is not None and declared.isdigit() else 0
+        if n:
+            if n > plane.body_limit:
+                return plane.refuse(
+                    PayloadTooLarge(f"body of {declared} bytes exceeds {plane.body_limit} ({plane.body_limit_why})")
+                )
+            if not plane.bodies.fits(n):  # checked before the token bucket is charged
+                return plane.body_budget_spent()
+        decided = plane.admit_headers(name, headers)
+        if n and isinstance(decided, Admitted):
+            plane.bodies.take(decided, n)  # fits: nothing ran since the check
+        return decided
 
     async def _infer(self, admitted: Admitted, headers: dict[str, str], receive: Receive) -> Response:
-        """Read the body (within ``server.bodyTimeoutSeconds``), then decode, admit and answer."""
+        """Read the body (within ``server.bodyTimeoutSeconds``), then decode, admit and answer.
+        What the request holds of the body budget is given back exactly once on every path
+        (:meth:`~sluiceway_pod.data_plane.BodyBudget.release` is idempotent; this ``finally`` also
+        covers a refusal while reading and a cancelled task)."""
+        plane = self.plane
+        try:
+            box = await self._read(admitted, receive)
+            if isinstance(box, Response):
+                return box
+
+            async def disconnected() -> None:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+
+            return await plane.infer_body(admitted, box, headers, disconnected)
+        finally:
+            plane.bodies.release(admitted)
+
+    async def _read(self, admitted: Admitted, receive: Receive) -> list[bytes] | Response:
+        """The body, boxed (:meth:`~sluiceway_pod.data_plane.DataPlane.infer_body`), or the refusal:
+        413 over the limit, 429 ``body_budget`` when a chunked body outgrows the budget (a declared
+        length was reserved at the headers), 499 client gone, 408 too slow."""
         plane = self.plane
         server = plane.config.server
-        limit = server.max_body_bytes
+        limit, bodies = plane.body_limit, plane.bodies
         chunks: list[bytes] = []
         size = 0
         try:
@@ -136,7 +170,9 @@ class InferFastPath:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
-                        return plane.refuse(PayloadTooLarge(f"body exceeds {limit} bytes"))
+                        return plane.refuse(PayloadTooLarge(f"body exceeds {limit} bytes ({plane.body_limit_why})"))
+                    if size > admitted.held and not bodies.take(admitted, size - admitted.held):
+                        return plane.body_budget_spent()
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
@@ -146,24 +182,22 @@ class InferFastPath:
             return plane.refuse(
                 BodyTimeout(f"the request body did not arrive within {server.body_timeout_seconds:g}s")
             )
-
-        async def disconnected() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return await plane.infer_body(admitted, body, headers, disconnected)
+        box = [chunks[0] if len(chunks) == 1 else b"".join(chunks)]
+        chunks.clear()
+        return box
 
 
-async def _send(send: Send, r: Response, closing: bool) -> None:
+async def _send(send: Send, r: Response, closing: bool, load: list[tuple[bytes, bytes]] | None = None) -> None:
     raw = r.encoded
     if raw is None:
         raw = [_ENCODED.get(kv) or (kv[0].encode("latin-1"), kv[1].encode("latin-1")) for kv in r.headers.items()]
         raw.append((b"content-length", b"%d" % len(r.body)))
         r.encoded = raw
-    if closing:  # after SIGTERM (clients reconnect to other replicas, see app.CloseWhileShuttingDown),
+    if load is not None:  # a fresh list: ``r.encoded`` may be a cached refusal's
+        raw = raw + load
+        if closing:
+            raw.append(_CLOSE)
+    elif closing:  # after SIGTERM (clients reconnect to other replicas, see app.CloseWhileShuttingDown),
         raw = [*raw, _CLOSE]  # or a refused request whose announced body may never come
     await send({"type": "http.response.start", "status": r.status, "headers": raw})
     await send({"type": "http.response.body", "body": r.body})

@@ -7,8 +7,8 @@ a body nobody reads (a refused request's), else the connection is closed (slowlo
 connection is closed at the header deadline too, whatever uvicorn's keep-alive timeout says.
 
 **Answers on the headers** (:class:`InferenceProtocol`). A refusal of an infer request (429 token
-bucket or full queue, 401, 403, 404, 503 not ready or draining, 400 on a bad priority or deadline
-header, 413 on the declared length) is decided by
+bucket, full queue or spent body budget, 401, 403, 404, 503 not ready or draining, 400 on a bad
+priority or deadline header, 413 on the declared length) is decided by
 :meth:`~sluiceway_pod.fastpath.InferFastPath.before_body` when the request's headers are complete,
 and the protocol writes its pre-encoded bytes to the socket there and then: no ASGI scope, request
 cycle, task or ``receive``/``send`` messages. uvicorn's ASGI machinery is most of what a refusal
