@@ -5,35 +5,48 @@ Concurrency model
 One :class:`QuotaClient` belongs to the server's event loop. Its background task renews the lease
 every third of a lease period: it builds the report on the loop (demand per tenant: the token
 buckets' admitted and refused counts since the last report, and the admission core's queued and
-running counts), POSTs it from a worker thread (``asyncio.to_thread``, bounded by a timeout), and
-applies the grant on the loop (:meth:`TenantRegistry.apply_shares`). Requests never wait on it:
-they are admitted by the local token buckets and caps, which hold this pod's share.
+running counts; the shares of the lease it holds; whether it is still joining), POSTs it from the
+client's *own* worker thread (never the loop's default executor, which request decoding and encoding
+share: under load a renewal queued behind them timed out, and a joining pod missed its lease), with
+a total deadline, and applies the grant on the loop (:meth:`TenantRegistry.apply_shares`). Requests
+never wait on it: they are admitted by the local token buckets and caps, which hold this pod's share.
+
+Every renewal sends the operator's charter (``quota.charter``) and its signature (read from
+``quota.tokenFile``, the pod's Secret); the coordinator takes the quotas only from them.
 
 Joining: until a grant comes back *settled* (no tenant's share here held back by the other pods'
-unexpired leases) the client renews every ``MIN_EARLY_RENEWAL`` and the pod does not report ready
-(:meth:`QuotaClient.ready_to_serve`; at most one lease period).
+unexpired leases) the client renews every ``MIN_EARLY_RENEWAL``, tells the coordinator it is joining
+(so the serving pods give back a fair part of the quota before traffic reaches this pod) and the pod
+does not report ready (:meth:`QuotaClient.ready_to_serve`; at most one lease period, also when the
+coordinator cannot be reached).
 
 Failure: a lease is valid ``leaseSeconds`` from when the request was *sent* (so the pod's view ends
-before the coordinator's). When it runs out without a renewal, the pod falls back to
-``quota / replicas`` with the replica count of its last lease (``quota.assumedReplicas`` before the
-first one), logs one warning and sets ``sluiceway_quota_fallback`` to 1. Traffic never stops and a
-quota is never multiplied by the replica count.
+before the coordinator's). Any exception of a renewal (network, HTTP framing, JSON, schema, even a
+RecursionError) counts as a failed renewal, is logged once per kind until a renewal succeeds, and
+never ends the task; expiry is checked whatever happened. When the lease runs out without a renewal,
+the pod falls back to ``quota / replicas`` with the replica count of its last lease
+(``quota.assumedReplicas`` before the first one), logs one warning and sets
+``sluiceway_quota_fallback`` to 1. Traffic never stops and a quota is never multiplied by the
+replica count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import http.client
 import json
 import logging
 import os
 import socket
-import urllib.request
+import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluiceway_core.config import QuotaConfig
-from sluiceway_core.quota import LEASE_PATH, LeaseGrant, LeaseRequest, QuotaError, TenantDemand
+from sluiceway_core.quota import LEASE_PATH, LeaseGrant, LeaseRequest, QuotaError, TenantDemand, TenantShare
 
 from .admission import AdmissionCore
 from .clock import Clock
@@ -45,13 +58,46 @@ log = logging.getLogger("sluiceway.quota")
 #: POST ``body`` to ``url`` within ``timeout`` seconds and return the response body (blocking).
 Post = Callable[[str, bytes, float], bytes]
 MAX_GRANT_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 1024
 MIN_EARLY_RENEWAL = 0.25  # seconds between renewals asked for by a tenant with no share here
 
 
+class LeaseRefused(QuotaError):
+    """The coordinator answered with an error status (the body is not echoed)."""
+
+
 def http_post(url: str, body: bytes, timeout: float) -> bytes:
-    req = urllib.request.Request(url, data=body, method="POST", headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read(MAX_GRANT_BYTES)  # type: ignore[no-any-return]
+    """POST with a *total* deadline (a server that trickles bytes cannot hold the renewal thread
+    longer) and a size cap on the answer. Raises OSError, http.client errors, or :class:`LeaseRefused`."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise QuotaError("the coordinator URL must be http(s)://host[:port]/...")
+    deadline = time.monotonic() + timeout
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", parts.path or "/", body=body, headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete answer within {timeout:.2f}s")
+            if conn.sock is not None:
+                conn.sock.settimeout(left)
+            chunk = resp.read1(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_GRANT_BYTES:
+                raise QuotaError(f"the coordinator's answer exceeds {MAX_GRANT_BYTES} bytes")
+            chunks.append(chunk)
+        if resp.status != 200:
+            raise LeaseRefused(f"the coordinator answered {resp.status}")
+        return b"".join(chunks)
+    finally:
+        conn.close()
 
 
 def pod_name(environ: Mapping[str, str] = os.environ) -> str:
@@ -89,23 +135,48 @@ class QuotaClient:
         self.replicas = cfg.assumed_replicas
         self.failures = 0
         self.settled = False  # a settled grant seen (LeaseGrant.settled): see ready_to_serve
+        self._shares: Mapping[str, TenantShare] = {}  # of the lease in force (valid_until)
+        self._logged: set[str] = set()  # kinds of failure logged since the last good renewal
+        self._startup_announced = False
         self._last_report = self.started
         self._task: asyncio.Task[None] | None = None
+        # one thread of its own: a renewal never queues behind request work on the default executor
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluiceway-quota")
+        self._inflight: concurrent.futures.Future[bytes] | None = None
         registry.apply_shares(None, self.replicas)
 
     # ------------------------------------------------------------------ state
     def ready_to_serve(self) -> bool:
         """Whether the pod may report ready as far as quotas go: once a grant was settled (no
-        tenant's share here held back by the other pods' leases), or on the fallback share (no
-        coordinator: traffic never waits on it), or one lease period after the client started (a
-        share that stays held back must not keep the pod out of service). A pod that joins gets what
-        the others' unexpired leases leave, possibly nothing; reporting ready before they have
-        renewed would refuse tenants that are under their quota here."""
-        return self.settled or self.fallback or self.clock.now() - self.started >= self.cfg.lease_seconds
+        tenant's share here held back by the other pods' leases), or one lease period after the
+        client started (a share that stays held back, or a coordinator that cannot be reached, must
+        not keep the pod out of service: it then serves on what it holds or on the fallback share).
+        A pod that joins gets what the others' unexpired leases leave, possibly nothing; reporting
+        ready before they have renewed would refuse tenants that are under their quota here, and
+        reporting ready on the fallback share after one failed first renewal would serve a fraction
+        of the quota while the coordinator is up."""
+        return self.settled or self.clock.now() - self.started >= self.cfg.lease_seconds
+
+    def serving_on_fallback(self) -> bool:
+        """The pod serves (or may) on the fallback share: what ``sluiceway_quota_fallback`` shows.
+        A pod still joining is not serving yet, so it does not count."""
+        return self.fallback and self.ready_to_serve()
 
     def lease_age(self) -> float:
         """Seconds since the last lease was granted (since start when there was none)."""
         return self.clock.now() - (self.last_renewal if self.last_renewal is not None else self.started)
+
+    def _signature(self) -> str:
+        if self.cfg.token_file is None or self.cfg.charter is None:
+            raise QuotaError("quota.charter and quota.tokenFile are required to lease (rendered by the operator)")
+        try:
+            with open(self.cfg.token_file, "rb") as f:
+                raw = f.read(MAX_TOKEN_BYTES + 1)
+        except OSError as e:
+            raise QuotaError(f"cannot read quota.tokenFile {self.cfg.token_file}: {e.strerror}") from None
+        if len(raw) > MAX_TOKEN_BYTES:
+            raise QuotaError(f"quota.tokenFile {self.cfg.token_file} is larger than {MAX_TOKEN_BYTES} bytes")
+        return raw.decode("ascii", "replace").strip()
 
     def build_request(self) -> LeaseRequest:
         now = self.clock.now()
@@ -118,7 +189,11 @@ class QuotaClient:
             admitted, refused = counts.get(name, (0, 0))
             queued, running = load.get(name, (0, 0))
             demand[name] = TenantDemand((admitted + refused) / dt, admitted / dt, queued, running)
-        return LeaseRequest(self.service, self.pod, self.registry.quotas(), demand)
+        valid = not self.fallback and self.valid_until is not None and now < self.valid_until
+        held = dict(self._shares) if valid else {}
+        return LeaseRequest(
+            self.pod, self.cfg.charter or {}, self._signature(), demand, held, joining=not self.ready_to_serve()
+        )
 
     def starved(self) -> bool:
         """A tenant has work queued here but no concurrency share on this pod, or was refused here
@@ -134,39 +209,64 @@ class QuotaClient:
         return False
 
     # ------------------------------------------------------------------ renewal
+    def _failed(self, e: BaseException) -> bool:
+        self.failures += 1
+        kind = type(e).__name__
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("cannot renew the quota lease at %s (%s): %s", self.url, kind, str(e)[:200])
+        return False
+
     async def renew_once(self) -> bool:
+        """One renewal; True when a grant was applied. Never raises (but CancelledError)."""
         sent = self.clock.now()
-        body = json.dumps(self.build_request().to_json()).encode()
         try:
-            async with asyncio.timeout(self.interval):
-                raw = await asyncio.to_thread(self._post, self.url, body, self.interval)
+            if self._inflight is not None and not self._inflight.done():
+                raise TimeoutError("the previous renewal is still in flight")
+            body = json.dumps(self.build_request().to_json()).encode()
+            loop = asyncio.get_running_loop()
+            self._inflight = self._pool.submit(self._post, self.url, body, self.interval)
+            async with asyncio.timeout(self.interval + 0.1):
+                raw = await asyncio.wrap_future(self._inflight, loop=loop)
             grant = LeaseGrant.from_json(json.loads(raw))
             if grant.pod != self.pod or grant.service != self.service:
                 raise QuotaError(f"the coordinator answered for {grant.service}/{grant.pod}")
-        except (OSError, ValueError, TimeoutError) as e:  # QuotaError and JSON errors are ValueErrors
-            self.failures += 1
-            if self.failures == 1:
-                log.warning("cannot renew the quota lease at %s: %s", self.url, e)
-            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # any failure is a failed renewal: the task must survive it
+            return self._failed(e)
         if self.failures or self.fallback:
             log.info(
                 "quota lease from %s: %d replicas, %d tenants (after %d failed renewals)",
                 self.url, grant.replicas, len(grant.shares), self.failures,
             )
         self.failures = 0
+        self._logged.clear()
         self.valid_until = sent + grant.lease_seconds
         self.last_renewal = sent
         self.replicas = grant.replicas
         self.fallback = False
         self.settled = self.settled or grant.settled
+        self._shares = dict(grant.shares)
         self.registry.apply_shares(grant.shares, grant.replicas)
         self._on_change(self)
         return True
 
     def check_expiry(self) -> None:
-        if self.fallback or self.valid_until is None or self.clock.now() < self.valid_until:
+        now = self.clock.now()
+        if self.fallback:
+            if self.valid_until is None and not self._startup_announced and self.ready_to_serve():
+                self._startup_announced = True
+                log.warning(
+                    "no quota lease from %s within %.1fs of starting: serving on quota / %d replicas",
+                    self.url, now - self.started, self.replicas,
+                )
+                self._on_change(self)
+            return
+        if self.valid_until is None or now < self.valid_until:
             return
         self.fallback = True
+        self._shares = {}
         self.registry.apply_shares(None, self.replicas)
         log.warning(
             "quota lease expired (no renewal from %s for %.1fs): falling back to quota / %d replicas",
@@ -177,19 +277,30 @@ class QuotaClient:
     async def run(self) -> None:
         while True:
             await self.renew_once()
-            self.check_expiry()
+            self._check()
             due = self.clock.now() + self.interval
             early = self.clock.now() + MIN_EARLY_RENEWAL
             while (now := self.clock.now()) < due:
                 await asyncio.sleep(min(MIN_EARLY_RENEWAL, due - now))
-                self.check_expiry()
-                if self.clock.now() >= early and (self.starved() or not self.settled):
+                self._check()
+                try:
+                    if self.clock.now() >= early and (not self.settled or self.starved()):
+                        break
+                except Exception as e:  # starved() reads the registry: never let it end the task
+                    self._failed(e)
                     break
 
+    def _check(self) -> None:
+        try:
+            self.check_expiry()
+        except Exception as e:
+            self._failed(e)
+
     async def start(self) -> None:
-        """One renewal now (bounded: the pod starts with the fallback share if it fails), then the
-        background task."""
-        self._on_change(self)
+        """One renewal now (bounded; on failure the pod keeps the fallback share and retries: a failed
+        first renewal never fails the pod), then the background task."""
+        with contextlib.suppress(Exception):
+            self._on_change(self)
         await self.renew_once()
         self._task = asyncio.create_task(self.run(), name="sluiceway-quota-lease")
 
@@ -198,6 +309,7 @@ class QuotaClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def start_quota_client(
@@ -206,7 +318,7 @@ def start_quota_client(
     """The client of one pod, wired to its admission core and its metrics (call ``start`` next)."""
 
     def exported(client: QuotaClient) -> None:
-        metrics.quota_fallback.labels(metrics.model).set(1 if client.fallback else 0)
+        metrics.quota_fallback.labels(metrics.model).set(1 if client.serving_on_fallback() else 0)
         for name in registry.quotas():
             share = registry.share(name)
             label = registry.tenant(name).label

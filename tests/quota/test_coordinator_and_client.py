@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +24,18 @@ from sluiceway_pod.quota_client import QuotaClient
 from sluiceway_pod.tenancy import TenantRegistry
 from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
 
+from .leases import KEY, quota_section, signed
+
+TEAM = {"team": TenantQuota(30.0, 9, 3)}  # the charter of registry() below
+TOKENS = Path(tempfile.mkdtemp(prefix="sluiceway-quota-test-"))
+
 
 @pytest.fixture
 def coordinator() -> Iterator[tuple[str, ManualClock]]:
     clock = ManualClock(1000.0)
-    server, port, thread = serve_quota(QuotaCoordinator(3.0, clock=clock.now), "127.0.0.1", 0)
+    coord = QuotaCoordinator(3.0, clock=clock.now, key=KEY)
+    coord.allocator.started = float("-inf")  # these tests are not about a fresh coordinator's first lease period
+    server, port, thread = serve_quota(coord, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{port}", clock
     server.shutdown()
     server.server_close()
@@ -44,13 +53,16 @@ def post(url: str, body: bytes, content_type: str = "application/json") -> tuple
 
 def test_the_coordinator_grants_and_rejects_bad_requests(coordinator: tuple[str, ManualClock]) -> None:
     url, _ = coordinator
-    req = LeaseRequest("ns/demo", "pod-a", {"team": TenantQuota(20.0, 10, 2)}, {"team": TenantDemand(40.0, 20.0, 3, 1)})
+    doc, sig = signed({"team": TenantQuota(20.0, 10, 2)})
+    req = LeaseRequest("pod-a", doc, sig, {"team": TenantDemand(40.0, 20.0, 3, 1)})
     code, grant = post(url + LEASE_PATH, json.dumps(req.to_json()).encode())
     assert code == 200 and grant["replicas"] == 1 and grant["shares"]["team"]["rate"] == 20.0
     assert grant["shares"]["team"]["maxConcurrent"] == 2 and grant["leaseSeconds"] == 3.0
+    assert grant["service"] == "ns/demo"
     code, err = post(url + LEASE_PATH, b"{not json")
     assert code == 400 and err["error"]
-    code, err = post(url + LEASE_PATH, json.dumps({"service": "demo", "pod": "p"}).encode())
+    no_ns = {"pod": "p", "charter": {"service": "demo"}, "signature": sig}
+    code, err = post(url + LEASE_PATH, json.dumps(no_ns).encode())
     assert code == 400 and "namespace" in err["error"]
     code, err = post(url + LEASE_PATH, b"x" * (256 * 1024 + 1))
     assert code == 413
@@ -68,7 +80,7 @@ def registry(clock: ManualClock) -> TenantRegistry:
 def client(
     url: str, reg: TenantRegistry, clock: ManualClock, pod: str, load: dict[str, tuple[int, int]]
 ) -> QuotaClient:
-    cfg = QuotaConfig(coordinator_url=url, service="ns/demo", lease_seconds=3.0, assumed_replicas=2)
+    cfg = QuotaConfig.model_validate(quota_section(url, "ns/demo", TEAM, TOKENS, lease=3.0, assumed=2))
     return QuotaClient(cfg, reg, lambda: load, clock, pod=pod)
 
 
@@ -126,6 +138,7 @@ def test_a_tenant_queued_on_a_pod_without_a_slot_asks_for_an_early_renewal(
     regs = {p: registry(clock) for p in "ab"}
     loads: dict[str, dict[str, tuple[int, int]]] = {"a": {"team": (5, 0)}, "b": {}}
     clients = {p: client(url, regs[p], clock, f"pod-{p}", loads[p]) for p in "ab"}
+    clock.advance(3.0)  # both pods have served for a while: neither is joining
 
     async def scenario() -> None:
         for p in "ab":
@@ -165,7 +178,7 @@ def test_a_joining_pod_reports_ready_only_once_it_holds_its_share(coordinator: t
         for p in "abab":
             assert await clients[p].renew_once()  # b first gets what a leaves, then half
         assert clients["b"].settled  # a and b now hold all of it, half each
-        assert clients["c"].ready_to_serve()  # no lease yet: the fallback share, traffic never waits
+        assert not clients["c"].ready_to_serve()  # no lease yet: joining (at most one lease period)
         assert await clients["c"].renew_once()
         assert not clients["c"].settled and not clients["c"].ready_to_serve()
         coord_clock.advance(0.4)

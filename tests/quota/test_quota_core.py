@@ -15,10 +15,13 @@ from sluiceway_core.quota import (
     QuotaError,
     TenantDemand,
     TenantQuota,
+    TenantShare,
     fallback_share,
     max_min_fair,
     max_min_fair_int,
 )
+
+from .leases import renew, signed, terms
 
 demand_maps = st.dictionaries(st.sampled_from(list("abcdef")), st.floats(0, 100), min_size=1)
 
@@ -77,7 +80,7 @@ def test_outstanding_leases_never_exceed_the_quota(
     for pod_i, offered, queued, dt in steps:
         now += dt
         pod = f"p{pod_i}"
-        grant = alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(offered, 0, queued, 0)}), now)
+        grant = renew(alloc, pod, quota, {"t": TenantDemand(offered, 0, queued, 0)}, now)
         share = grant.shares["t"]
         assert share.rate is not None and share.max_concurrent is not None and share.burst is not None
         held[pod] = (now + grant.lease_seconds, share.rate, share.max_concurrent, share.burst)
@@ -95,9 +98,7 @@ def test_shares_converge_to_max_min_after_everyone_renews() -> None:
     grants = {}
     for rnd in range(3):
         for pod, off in offered.items():
-            grants[pod] = alloc.renew(
-                LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(off, 0, 3, 1)}), now=rnd * 1.0
-            )
+            grants[pod] = renew(alloc, pod, quota, {"t": TenantDemand(off, 0, 3, 1)}, rnd * 1.0)
     rates = {p: g.shares["t"].rate for p, g in grants.items()}
     assert rates == pytest.approx({"a": 7.0, "b": 7.0, "c": 6.0})
     assert sum(g.shares["t"].max_concurrent or 0 for g in grants.values()) == 2
@@ -108,8 +109,8 @@ def test_a_pod_that_stops_renewing_is_dropped_and_its_share_redistributed() -> N
     alloc = Allocator(lease_seconds=2.0)
     quota = {"t": TenantQuota(30.0)}
     for pod in "abc":
-        alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(100.0)}), 0.0)
-    g = alloc.renew(LeaseRequest("ns/svc", "a", quota, {"t": TenantDemand(100.0)}), 2.5)  # b, c expired
+        renew(alloc, pod, quota, {"t": TenantDemand(100.0)}, 0.0)
+    g = renew(alloc, "a", quota, {"t": TenantDemand(100.0)}, 2.5)  # b, c expired
     assert g.replicas == 1 and g.shares["t"].rate == pytest.approx(30.0)
     assert alloc.pods("ns/svc", 2.5) == ["a"]
 
@@ -121,23 +122,32 @@ def test_fallback_divides_by_the_replicas_and_never_stops_traffic() -> None:
 
 
 def test_lease_messages_round_trip_and_reject_bad_input() -> None:
-    req = LeaseRequest("ns/svc", "pod-1", {"t": TenantQuota(5.0, 2, 1)}, {"t": TenantDemand(1.5, 1.0, 2, 1)})
+    doc, sig = signed({"t": TenantQuota(5.0, 2, 1)})
+    req = LeaseRequest("pod-1", doc, sig, {"t": TenantDemand(1.5, 1.0, 2, 1)}, {"t": TenantShare(1.0, 1, 1, 0.2)}, True)
     assert LeaseRequest.from_json(req.to_json()) == req
-    grant = Allocator(2.0).renew(req, 0.0)
+    grant = Allocator(2.0).renew(terms({"t": TenantQuota(5.0, 2, 1)}), req, 0.0)
     assert LeaseGrant.from_json(grant.to_json()) == grant
+    ok = {"pod": "p", "charter": doc, "signature": sig}
     bad = [
         [],
-        {"service": "no-namespace", "pod": "p"},
-        {"service": "ns/s", "pod": ""},
-        {"service": "ns/s", "pod": "p", "quotas": {"t": {"rate": -1}}},
-        {"service": "ns/s", "pod": "p", "quotas": {"t": {"rate": float("nan")}}},
-        {"service": "ns/s", "pod": "p", "quotas": {"t": {"burst": 0}}},
-        {"service": "ns/s", "pod": "p", "demand": {"t": {"queued": 1.5}}},
-        {"service": "ns/s", "pod": "p", "quotas": {f"t{i}": {} for i in range(1001)}},
+        {**ok, "pod": ""},
+        {**ok, "charter": []},
+        {**ok, "signature": 7},
+        {**ok, "demand": {"t": {"offeredRate": -1}}},
+        {**ok, "demand": {"t": {"offeredRate": float("nan")}}},
+        {**ok, "demand": {"t": {"offeredRate": 10**400}}},  # no OverflowError
+        {**ok, "demand": {"t": {"queued": 1.5}}},
+        {**ok, "demand": {"t": {"queued": 10**400}}},
+        {**ok, "held": {"t": {"rate": 1e300}}},
+        {**ok, "joining": "yes"},
+        {**ok, "demand": {f"t{i}": {} for i in range(1001)}},
     ]
-    for doc in bad:
+    for bad_doc in bad:
         with pytest.raises(QuotaError):
-            LeaseRequest.from_json(doc)
+            LeaseRequest.from_json(bad_doc)
+    for q in ({"rate": 10**400}, {"maxConcurrent": 10**400}, {"burst": 10**10}, {"rate": 1e10}):
+        with pytest.raises(QuotaError):
+            TenantQuota.from_json(q)
 
 
 def test_a_pod_that_joins_while_the_others_hold_the_quota_is_not_settled_until_they_renew() -> None:
@@ -146,15 +156,15 @@ def test_a_pod_that_joins_while_the_others_hold_the_quota_is_not_settled_until_t
     alloc = Allocator(lease_seconds=3.0)
     quota = {"t": TenantQuota(20.0, 40, 8)}
     light = {"t": TenantDemand(1.5, 1.5, 0, 1)}  # well under the quota: the rest is spread evenly
-    assert alloc.renew(LeaseRequest("ns/svc", "a", quota, light), 0.0).settled  # alone: all of it
-    assert not alloc.renew(LeaseRequest("ns/svc", "b", quota, light), 0.1).settled  # a holds it all
-    assert alloc.renew(LeaseRequest("ns/svc", "a", quota, light), 0.3).settled  # a gives half back
-    assert alloc.renew(LeaseRequest("ns/svc", "b", quota, light), 0.4).settled  # a and b: 10/s each
-    joined = alloc.renew(LeaseRequest("ns/svc", "c", quota, {}), 0.6)
+    assert renew(alloc, "a", quota, light, 0.0).settled  # alone: all of it
+    assert not renew(alloc, "b", quota, light, 0.1).settled  # a holds it all
+    assert renew(alloc, "a", quota, light, 0.3).settled  # a gives half back
+    assert renew(alloc, "b", quota, light, 0.4).settled  # a and b: 10/s each
+    joined = renew(alloc, "c", quota, {}, 0.6)
     assert joined.shares["t"].rate < 1.0 and not joined.settled
     for pod in "ab":
-        assert alloc.renew(LeaseRequest("ns/svc", pod, quota, light), 1.0).settled
-    again = alloc.renew(LeaseRequest("ns/svc", "c", quota, {}), 1.1)
+        assert renew(alloc, pod, quota, light, 1.0).settled
+    again = renew(alloc, "c", quota, {}, 1.1)
     assert again.settled and again.shares["t"].rate >= 4.0 and (again.shares["t"].max_concurrent or 0) >= 1
 
 
@@ -177,7 +187,7 @@ def test_the_burst_is_split_evenly_whatever_the_recent_demand() -> None:
     grants = {}
     for rnd in range(3):
         for pod, off in offered.items():
-            grants[pod] = alloc.renew(LeaseRequest("ns/svc", pod, quota, {"t": TenantDemand(off, off)}), rnd * 1.0)
+            grants[pod] = renew(alloc, pod, quota, {"t": TenantDemand(off, off)}, rnd * 1.0)
     assert {p: g.shares["t"].burst for p, g in grants.items()} == {"a": 10, "b": 10, "c": 10, "d": 10}
     rates = {p: g.shares["t"].rate or 0.0 for p, g in grants.items()}
     assert rates["a"] > rates["d"] > 0  # the rate still follows demand

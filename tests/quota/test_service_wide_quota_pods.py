@@ -22,7 +22,10 @@ import httpx
 import pytest
 from podtools import PodProcess, free_port, infer_body, start_pod
 from promtools import PrometheusProcess, prometheus_missing
+from sluiceway_core.quota import TenantQuota
 from sluiceway_core.signals import Queries
+
+from .leases import quota_section, write_key
 
 KEYS = {"heavy": "sk-heavy-0123456789", "light": "sk-light-0123456789"}
 QUOTA = 20.0  # requests/s, service-wide, for each tenant
@@ -35,8 +38,10 @@ WINDOW_DOWN = (KILL_AT + LEASE + 2.0, END)  # every lease has run out: the fallb
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """The coordinator in a real ``sluiceway-scaler serve --quota-port --quota-key-file`` process."""
     port = free_port()
     log = (tmp_path / "scaler.log").open("wb")
+    key = write_key(tmp_path / "quota-key")
     cmd = [
         sys.executable,
         "-m",
@@ -52,6 +57,8 @@ def coordinator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]
         str(port),
         "--quota-lease-seconds",
         str(LEASE),
+        "--quota-key-file",
+        str(key),
     ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -88,7 +95,9 @@ def pod_config(tmp_path: Path, url: str) -> dict[str, Any]:
                 {"name": "light", "rate": QUOTA, "burst": 10},
             ],
         },
-        "quota": {"coordinatorUrl": url, "service": "team-a/demo", "leaseSeconds": LEASE, "assumedReplicas": 3},
+        "quota": quota_section(
+            url, "team-a/demo", {t: TenantQuota(QUOTA, 10) for t in KEYS}, tmp_path, lease=LEASE, assumed=3
+        ),
     }
 
 
