@@ -73,9 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         env_cfg = config_from_env()
-    except ValueError as err:  # a malformed SLUICEWAY_* variable
+        cfg = config_from_args(args, env_cfg)
+    except ValueError as err:  # a malformed SLUICEWAY_* variable or flag, or a missing quota key
         raise SystemExit(f"sluiceway-operator: {err}") from None
-    cfg = config_from_args(args, env_cfg)
     kopf.configure(verbose=args.verbose, log_format=_LOG_FORMATS[cfg.log_format])
     registry = kopf.OperatorRegistry()
     register(registry, cfg)
