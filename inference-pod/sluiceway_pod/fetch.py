@@ -493,7 +493,7 @@ class Fetcher:
             with part.open(mode) as fh:
                 while True:
                     try:
-                        chunk = resp.read(CHUNK)
+                        chunk = resp.read1(CHUNK)  # what has arrived: a stall loses none of it
                     except Exception as e:
                         if _transient(e):
                             raise self._fail(

@@ -23,6 +23,8 @@ class Store(BaseHTTPRequestHandler):
     half of what they promise and close. ``/secret``: 403. Anything else: 404."""
 
     break_first = 0
+    stall = 0.0  # seconds a broken transfer stays open and silent before it closes
+    stall_release = threading.Event()
     served: list[str] = []  # one test at a time uses the class
 
     def log_message(self, *args: object) -> None:
@@ -58,6 +60,8 @@ class Store(BaseHTTPRequestHandler):
             Store.break_first -= 1
             self.wfile.write(part[: len(part) // 2])
             self.wfile.flush()
+            if Store.stall > 0:  # a partition: the connection stays open and silent
+                Store.stall_release.wait(Store.stall)
             self.close_connection = True
             return
         self.wfile.write(part)
@@ -65,11 +69,13 @@ class Store(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def store() -> Iterator[str]:
-    Store.break_first, Store.served = 0, []
+    Store.break_first, Store.served, Store.stall = 0, [], 0.0
+    Store.stall_release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Store)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
+    Store.stall_release.set()
     server.shutdown()
     server.server_close()
 
@@ -184,3 +190,14 @@ def test_https_with_a_private_ca(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stalled_transfer_times_out_and_resumes(store: str, tmp_path: Path) -> None:
+    """A store that goes silent mid-body (a network partition, not a reset): the read stalls past
+    --timeout, the transfer is retried from where it stopped."""
+    Store.break_first, Store.stall = 1, 30.0
+    out = fetch(tmp_path, "--uri", f"{store}/model.onnx", "--timeout", "1", "--backoff", "0.05",
+                "--sha256", hashlib.sha256(BODY).hexdigest())
+    assert out.returncode == 0, out.stderr
+    assert "the transfer broke at" in out.stdout and "TimeoutError" in out.stdout, out.stdout
+    assert f"resuming at {len(BODY) // 2} bytes" in out.stdout, out.stdout
