@@ -186,7 +186,7 @@ class Gateway:
         finally:
             if ticket is not None:
                 EdgeAdmission.release(ticket)
-            self.metrics.answers.labels(self.metrics.code(out.status)).inc()
+            self.metrics.answered(out.status)
 
     def _deadline(self, req: Request) -> float:
         raw = req.headers.get(DEADLINE_HEADER)
@@ -227,21 +227,23 @@ class Gateway:
             if pod is None:
                 raise NoReadyPods("no pod is ready to take the request")
             ep = self.addresses[pod.key]
-            label = m.pod(pod.key)
+            series = m.pod(pod.key)
             pod.inflight += 1
             self.in_flight += 1
             self._idle.clear()
             m.in_flight.inc()
-            m.pod_in_flight.labels(label).inc()
-            m.routed.labels(label).inc()
+            series.in_flight.inc()
+            series.routed.inc()
             conn: UpstreamConn | None = None
             started = self.clock()
             try:
                 remaining = deadline - started
                 if remaining <= 0:
                     raise DeadlineExceeded("the request's deadline passed at the gateway")
+                conn = self.pool.idle(pod.key)
                 try:
-                    conn = await asyncio.wait_for(self.pool.acquire(pod.key, ep.host, ep.port), remaining)
+                    if conn is None:
+                        conn = await asyncio.wait_for(self.pool.connect(pod.key, ep.host, ep.port), remaining)
                 except (ConnectFailed, TimeoutError):
                     pod.down = True
                     pod.heard_at = self.clock()
@@ -281,14 +283,14 @@ class Gateway:
                 if not self.in_flight:
                     self._idle.set()
                 m.in_flight.dec()
-                m.pod_in_flight.labels(label).dec()
+                series.in_flight.dec()
                 if conn is not None:
                     self.pool.release(conn)
 
     async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float) -> UpstreamResponse:
         head = conn.send(self._request_bytes(req, ep.key, deadline))
         try:
-            return await asyncio.wait_for(head, max(0.0, deadline - self.clock()))
+            return await _until(head, deadline - self.clock())
         except TimeoutError:
             conn.close()
             raise DeadlineExceeded("no answer from the pod within the request's deadline") from None
@@ -296,6 +298,9 @@ class Gateway:
             raise UpstreamLost(f"the pod's connection failed after the request was sent ({err})") from None
 
     async def _read_body(self, resp: UpstreamResponse, deadline: float) -> bytes:
+        body = resp.complete_body()
+        if body is not None:
+            return body
         try:
             return await asyncio.wait_for(resp.read_all(self.config.limits.max_response_buffer_bytes),
                                           max(0.0, deadline - self.clock()))
@@ -328,6 +333,29 @@ class Gateway:
         self.closing = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), seconds)
+
+
+async def _until(fut: asyncio.Future[UpstreamResponse], seconds: float) -> UpstreamResponse:
+    """``await fut`` with a timeout, as one timer on the loop (``asyncio.wait_for`` costs a task and
+    more per call in Python 3.11): on time-out the future is cancelled and TimeoutError raised."""
+    if fut.done():
+        return fut.result()
+    fired = False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        fut.cancel()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, seconds), expire)
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        if not fired:
+            raise  # the caller was cancelled, not timed out
+        raise TimeoutError from None
+    finally:
+        timer.cancel()
 
 
 def _str_headers(resp: UpstreamResponse) -> dict[str, str]:

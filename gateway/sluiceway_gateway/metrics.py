@@ -7,6 +7,9 @@ ones become ``other``), ``code`` is the status class.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 MAX_POD_LABELS = 64
@@ -16,6 +19,12 @@ KNOWN_REASONS = frozenset({
     "upstream_lost", "deadline", "gateway_draining", "header_timeout", "internal",
     "queue_full", "displaced", "not_ready", "draining", "connect_failed",
 })
+
+
+@dataclass(frozen=True)
+class PodSeries:
+    routed: Any
+    in_flight: Any
 
 
 class GatewayMetrics:
@@ -37,15 +46,22 @@ class GatewayMetrics:
         self.endpoints = Gauge("sluiceway_gateway_endpoints", "Known pods by state", ["state"], registry=registry)
         self.polls = Counter("sluiceway_gateway_polls_total", "Readiness polls of quiet pods", ["result"],
                              registry=registry)
-        self._pods: set[str] = set()
+        self._pods: dict[str, PodSeries] = {}
+        self._codes: dict[int, Any] = {}
 
-    def pod(self, key: str) -> str:
-        if key in self._pods:
-            return key
-        if len(self._pods) < MAX_POD_LABELS:
-            self._pods.add(key)
-            return key
-        return "other"
+    def pod(self, key: str) -> PodSeries:
+        """The per-pod series (resolved once per pod: no label lookup per request)."""
+        got = self._pods.get(key)
+        if got is None:
+            label = key if len(self._pods) < MAX_POD_LABELS else "other"
+            got = self._pods[key] = PodSeries(self.routed.labels(label), self.pod_in_flight.labels(label))
+        return got
+
+    def answered(self, status: int) -> None:
+        child = self._codes.get(status)
+        if child is None:
+            child = self._codes[status] = self.answers.labels(self.code(status))
+        child.inc()
 
     @staticmethod
     def reason(reason: str) -> str:

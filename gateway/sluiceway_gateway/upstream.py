@@ -56,6 +56,17 @@ class UpstreamResponse:
             c.wake = asyncio.get_running_loop().create_future()
             await c.wake
 
+    def complete_body(self) -> bytes | None:
+        """The whole body when it has already arrived (a small answer usually comes in one read), else
+        ``None``: no await, no task."""
+        c = self._conn
+        if not c.complete:
+            return None
+        out = b"".join(c.body)
+        c.body.clear()
+        c.buffered = 0
+        return out
+
     async def read_all(self, limit: int) -> bytes:
         out = bytearray()
         async for chunk in self.chunks():
@@ -180,7 +191,8 @@ class Pool:
         self._clock = clock
         self._idle: dict[str, list[UpstreamConn]] = {}
 
-    async def acquire(self, key: str, host: str, port: int) -> UpstreamConn:
+    def idle(self, key: str) -> UpstreamConn | None:
+        """A pooled connection to reuse now, or ``None`` (then :meth:`connect`)."""
         idle = self._idle.get(key)
         now = self._clock()
         while idle:
@@ -188,6 +200,12 @@ class Pool:
             if not conn.closed and not conn.transport.is_closing() and now - conn.idle_since < self.idle_seconds:
                 return conn
             conn.close()
+        return None
+
+    async def acquire(self, key: str, host: str, port: int) -> UpstreamConn:
+        return self.idle(key) or await self.connect(key, host, port)
+
+    async def connect(self, key: str, host: str, port: int) -> UpstreamConn:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
