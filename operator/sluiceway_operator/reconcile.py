@@ -42,6 +42,7 @@ from sluiceway_core.policy import (
     Signals,
     desired_replicas,
 )
+from sluiceway_core.promclient import PromTimeout
 from sluiceway_core.signals import Queries
 from sluiceway_core.units import parse_duration
 
@@ -386,11 +387,21 @@ class Reconciler:
         readings: dict[str, float | None] = {}
         prom_error: str | None = None
         allow = self.config.prometheus_allow_list
-        timeout = self.config.prometheus_timeout
+        # One deadline for the whole pass (up to ten queries), so a server that answers each query
+        # just inside its own timeout still cannot hold this worker (and the object's lock) longer.
+        deadline = self.clock() + self.config.prometheus_timeout
+
+        def remaining() -> float:
+            left = deadline - self.clock()
+            if left <= 0:
+                raise PromTimeout(
+                    f"Prometheus at {prom_url}: no complete answers within {self.config.prometheus_timeout:g}s"
+                )
+            return left
 
         def scalar(promql: str) -> float | None:
             assert prom_url is not None
-            return query_scalar(prom_url, promql, allow=allow, timeout=timeout)
+            return query_scalar(prom_url, promql, allow=allow, timeout=remaining())
 
         if prom_url and not allow.allows(prom_url):
             prom_error = self._prometheus_refusal(prom_url)  # never fetched
@@ -424,7 +435,7 @@ class Reconciler:
                     Queries.build(namespace, name).tenant_admitted_rate,
                     "tenant",
                     allow=allow,
-                    timeout=timeout,
+                    timeout=remaining(),
                 )
             except PrometheusError as err:
                 log.warning("%s/%s: per-tenant admitted rates unavailable: %s", namespace, name, err)
