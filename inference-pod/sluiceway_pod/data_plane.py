@@ -227,6 +227,8 @@ class DataPlane:
         #: bounds the request (:func:`~sluiceway_pod.protocol.max_request_bytes`; set at start)
         self.body_limit = config.server.max_body_bytes
         self.body_limit_why = "server.maxBodyBytes"
+        if config.server.max_inflight_body_bytes < self.body_limit:  # could never fit: 413, not 429
+            self.body_limit, self.body_limit_why = config.server.max_inflight_body_bytes, "server.maxInflightBodyBytes"
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -217,26 +217,41 @@ def test_bodies_in_flight_stay_within_the_budget_and_each_request_gets_one_answe
     assert hwm_after - hwm_before < 12 * budget, (hwm_before, hwm_after)
 
 
-def test_a_chunked_body_is_reserved_as_it_arrives(pod_factory: Any) -> None:
-    pod = pod_factory("--model", "synthetic:1", config={"server": {"maxInflightBodyBytes": 1024 * 1024}})
-    body = _json_body(400_000)  # 1.6 MB, no Content-Length
+def _chunked(body: bytes) -> bytes:
     pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)]
     framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-    head = b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+
+
+def test_a_chunked_body_is_reserved_as_it_arrives(pod_factory: Any) -> None:
+    """Budget 2 MiB. One request holds a declared 1.5 MB (its body half sent); a chunked 1 MB body
+    then outgrows what is left while it arrives: 429 ``body_budget``, and the connection serves the
+    next request. Once the holder leaves, the same chunked body is served. A declared length above
+    the whole budget could never fit: 413."""
+    pod = pod_factory("--model", "synthetic:1", config={"server": {"maxInflightBodyBytes": 2 * 1024 * 1024}})
+    holder_body = _json_body(375_000)  # 1.5 MB
+    body = _json_body(250_000)  # 1 MB, no Content-Length
+    holder = socket.create_connection(("127.0.0.1", pod.port))
+    try:
+        holder.sendall(_post(holder_body)[: -len(holder_body) // 2])
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", pod.port)) as s:
+            s.settimeout(30)
+            s.sendall(_chunked(body))
+            status, headers, answer, _ = _read_answer(s)
+            assert status == 429 and b"body_budget" in answer and headers["retry-after"] == "1", answer
+            s.sendall(_post(_SMALL))  # the same connection serves the next request
+            assert _read_answer(s)[0] == 200
+    finally:
+        holder.close()
+    time.sleep(0.5)
     with socket.create_connection(("127.0.0.1", pod.port)) as s:
         s.settimeout(30)
-        s.sendall(head + framed)
-        status, headers, answer, _ = _read_answer(s)
-        assert status == 429 and b"body_budget" in answer and headers["retry-after"] == "1", answer
-        s.sendall(_post(_SMALL))  # the same connection serves the next request: the share was given back
+        s.sendall(_chunked(body))
         assert _read_answer(s)[0] == 200
-    small = _json_body(100_000)  # 400 kB chunked: fits
-    pieces = [small[i : i + 65536] for i in range(0, len(small), 65536)]
-    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", pod.port)) as s:
-        s.settimeout(30)
-        s.sendall(head + framed)
-        assert _read_answer(s)[0] == 200
+        s.sendall(b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\n\r\n")
+        status, _, answer, _ = _read_answer(s)
+        assert status == 413 and b"maxInflightBodyBytes" in answer, answer
 
 
 # --- load headers (issue 19 consumes them) ------------------------------------------------------------
