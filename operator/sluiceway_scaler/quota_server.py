@@ -16,8 +16,10 @@ the quota key (:mod:`sluiceway_core.quota_charter`); nothing the caller claims b
 demand and current holding is used. Without a key every lease is refused (403), and start-up says so.
 
 Concurrency model: a :class:`http.server.ThreadingHTTPServer` in a background thread, with at most
-``max_threads`` handler threads (a connection beyond them gets 503 at once and is closed); each
-handler reads one request within ``Handler.timeout`` seconds. Allocation is per service
+``max_threads`` handler threads (a connection beyond them gets 503 at once and is closed); a
+connection has ``request_deadline`` seconds in all (one reaper thread shuts down any that takes
+longer, so clients trickling bytes cannot hold the threads), and each read at most
+``Handler.timeout``. Allocation is per service
 (:class:`~sluiceway_core.quota.Allocator` has one lock per service), so one service's renewal never
 waits on another's, and its cost is bounded by the signed charter. Time comes from an injected
 clock (monotonic). Errors map to HTTP codes in one place (:func:`_status`).
@@ -33,8 +35,10 @@ than one replica while quotas are on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import socket
 import sys
 import threading
 import time
@@ -57,6 +61,7 @@ log = logging.getLogger("sluiceway_scaler.quota")
 
 MAX_BODY = 256 * 1024
 MAX_THREADS = 32
+REQUEST_DEADLINE = 10.0  # seconds a connection may take in all (one lease request per connection)
 
 
 class QuotaCoordinator:
@@ -149,13 +154,43 @@ def _handler(coord: QuotaCoordinator) -> type[BaseHTTPRequestHandler]:
 
 
 class _BoundedServer(ThreadingHTTPServer):
-    """At most ``max_threads`` connections in service; one more is answered 503 and closed."""
+    """At most ``max_threads`` connections in service; one more is answered 503 and closed. A
+    connection older than ``deadline`` seconds is shut down by :meth:`reap` (its handler then ends)."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_threads: int) -> None:
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_threads: int, deadline: float
+    ) -> None:
         self._slots = threading.BoundedSemaphore(max_threads)
+        self.deadline = deadline
+        self._active: dict[Any, float] = {}
+        self._active_lock = threading.Lock()
+        self.closed = threading.Event()
         super().__init__(address, handler)
+
+    def reap(self) -> None:
+        """The reaper thread: shut down connections past their deadline until the server closes."""
+        while not self.closed.wait(min(1.0, self.deadline / 4)):
+            now = time.monotonic()
+            with self._active_lock:
+                late = [sock for sock, since in self._active.items() if now - since > self.deadline]
+            for sock in late:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self.closed.set()
+        super().server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that broke (client gone, cut at its deadline): one debug line, no traceback
+        on stderr. Anything else is logged with its traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError):
+            log.debug("quota connection from %s ended: %s", client_address, err)
+        else:
+            log.exception("quota request from %s failed", client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -176,17 +211,27 @@ class _BoundedServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._active_lock:
+            self._active[request] = time.monotonic()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            with self._active_lock:
+                self._active.pop(request, None)
             self._slots.release()
 
 
 def serve_quota(
-    coord: QuotaCoordinator, host: str, port: int, *, max_threads: int = MAX_THREADS
+    coord: QuotaCoordinator,
+    host: str,
+    port: int,
+    *,
+    max_threads: int = MAX_THREADS,
+    request_deadline: float = REQUEST_DEADLINE,
 ) -> tuple[ThreadingHTTPServer, int, threading.Thread]:
     """Start serving in a daemon thread; returns the server, its port (``0`` picks one) and the thread."""
-    server = _BoundedServer((host, port), _handler(coord), max_threads)
+    server = _BoundedServer((host, port), _handler(coord), max_threads, request_deadline)
+    threading.Thread(target=server.reap, name="sluiceway-quota-reaper", daemon=True).start()
     thread = threading.Thread(target=server.serve_forever, name="sluiceway-quota", daemon=True)
     thread.start()
     return server, int(server.server_address[1]), thread

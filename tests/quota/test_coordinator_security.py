@@ -5,6 +5,7 @@ bounded (one connection too many: 503, and service resumes)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -23,10 +24,10 @@ from .leases import KEY, signed
 Q = {"t": TenantQuota(30.0, 30, 4)}
 
 
-def _serve(key: bytes | None, max_threads: int = 32) -> Iterator[str]:
+def _serve(key: bytes | None, max_threads: int = 32, deadline: float = 10.0) -> Iterator[str]:
     coord = QuotaCoordinator(3.0, key=key)
     coord.allocator.started = float("-inf")  # not about a fresh coordinator's first lease period
-    server, port, thread = serve_quota(coord, "127.0.0.1", 0, max_threads=max_threads)
+    server, port, thread = serve_quota(coord, "127.0.0.1", 0, max_threads=max_threads, request_deadline=deadline)
     yield f"http://127.0.0.1:{port}"
     server.shutdown()
     server.server_close()
@@ -139,3 +140,25 @@ def test_the_server_threads_are_bounded_and_a_connection_beyond_is_503() -> None
     code, _grant = post(url, lease("p", 1.0, signed(Q)))
     assert code == 200  # the threads came back
     next(gen, None)
+
+
+def test_clients_trickling_bytes_cannot_hold_the_threads_past_the_deadline() -> None:
+    """Four clients send a byte every 0.3 s (each read is within the handler's timeout): the reaper
+    cuts them at the connection deadline (1 s here), and a real renewal gets through."""
+    gen = _serve(KEY, max_threads=4, deadline=1.0)
+    url = next(gen)
+    host, port = url.removeprefix("http://").split(":")
+    slow = [socket.create_connection((host, int(port)), timeout=5) for _ in range(4)]
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 2.5:
+            for s in slow:
+                with contextlib.suppress(OSError):
+                    s.sendall(b"P")
+            time.sleep(0.3)
+        code, _grant = post(url, lease("p", 1.0, signed(Q)))
+        assert code == 200, code
+    finally:
+        for s in slow:
+            s.close()
+        next(gen, None)
