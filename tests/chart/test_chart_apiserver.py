@@ -173,6 +173,7 @@ def test_install_creates_the_release(installed: str, admin: Admin) -> None:
     assert "kubectl -n sluiceway-system rollout status deployment/sluiceway-operator" in notes
     assert "watching namespaces team-a, team-b" in notes
     assert "WARNING" not in notes  # operator.prometheusUrl is set
+    assert "mutual TLS from Secret sluiceway-scaler-tls (generated; KEDA's client certificate in keda/" in notes
     crd = admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.sluiceway.io")
     assert crd is not None
     for kind, path in (
