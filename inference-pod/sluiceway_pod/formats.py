@@ -229,6 +229,7 @@ class OnnxRunner:
             path, sess_options=opts, providers=onnx_providers(device, ort.get_available_providers())
         )
         self.device = device
+        self.platform = "onnxruntime_onnx"  # Triton's name for the format
         self.inputs, self.outputs = onnx_specs(self._session)
         self.memory_probe = DeviceMemoryProbe() if device.startswith("cuda") else None
 

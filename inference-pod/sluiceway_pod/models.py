@@ -123,12 +123,19 @@ class TorchRunner:
     """Wraps a ``torch.nn.Module`` (or TorchScript module) taking positional tensors."""
 
     def __init__(
-        self, module: Any, inputs: list[TensorSpec], outputs: list[TensorSpec], device: str, eval_mode: bool = True
+        self,
+        module: Any,
+        inputs: list[TensorSpec],
+        outputs: list[TensorSpec],
+        device: str,
+        eval_mode: bool = True,
+        platform: str = "pytorch",
     ) -> None:
         import torch
 
         self._torch = torch
         self.device = device
+        self.platform = platform  # the format, as Triton's model metadata names it
         moved = module.to(device) if hasattr(module, "to") else module
         self.module = moved.eval() if eval_mode and hasattr(moved, "eval") else moved
         self.inputs = inputs
@@ -213,7 +220,9 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
     weighted = formats.split_safetensors_spec(spec)
     if weighted is not None:
         module = formats.load_safetensors(weighted[0], weighted[1], dev)
-        return TorchRunner(module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev)
+        return TorchRunner(
+            module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev, platform="pytorch_safetensors"
+        )
     if spec.endswith(tuple(formats.MODEL_SUFFIXES)) or "/" in spec:
         path = formats.resolve_model_file(spec)
         kind = formats.detect_format(path)
@@ -223,7 +232,8 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
             return onnx
         if kind == "torch-export":
             module, ins, outs = formats.load_export(path, dev)
-            return TorchRunner(module, _specs(mc.inputs, ins), _specs(mc.outputs, outs), dev, eval_mode=False)
+            ins, outs = _specs(mc.inputs, ins), _specs(mc.outputs, outs)
+            return TorchRunner(module, ins, outs, dev, eval_mode=False, platform="pytorch_export")
         if kind == "safetensors":
             raise formats.ModelFormatError(
                 f"{path} holds weights only: name the module that takes them, module:factory@{path}"
@@ -231,7 +241,9 @@ def load_runner(cfg: ModelConfig | str, device: str | None = None) -> Runner:
         import torch
 
         module = torch.jit.load(path, map_location=dev)  # type: ignore[no-untyped-call]
-        return TorchRunner(module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev)
+        return TorchRunner(
+            module, _specs(mc.inputs, generic[0]), _specs(mc.outputs, generic[1]), dev, platform="pytorch_torchscript"
+        )
     if ":" in spec:
         mod_name, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(mod_name), attr)

@@ -208,6 +208,9 @@ def test_permits_probe_sizes_each_format(fmt: str, tmp_path: Path) -> None:
         "batching": {"maxBatchSize": 1},
     })
     runner = Metered(load_runner(cfg.model, "cpu"), SimulatedDeviceMemory(total=1_000_000))
+    platforms = {"onnx": "onnxruntime_onnx", "torch-export": "pytorch_export",
+                 "torchscript": "pytorch_torchscript", "safetensors": "pytorch_safetensors"}
+    assert runner.inner.platform == platforms[fmt]
     sizing = measure(runner, cfg)  # type: ignore[arg-type]
     rows = 4 if declared else 1
     assert runner.seen[0] == (rows, 16)
@@ -219,6 +222,7 @@ def test_a_directory_spec_serves_its_one_model_file(tmp_path: Path) -> None:
     _, direct = make_onnx(tmp_path)
     runner = load_runner(str(tmp_path), "cpu")
     assert [s.name for s in runner.inputs] == ["features"]
+    assert getattr(runner, "platform", None) == "onnxruntime_onnx"
     out = runner.predict([{"features": ROWS[:1]}, {"features": ROWS[1:]}])
     np.testing.assert_allclose(np.concatenate([o["scores"] for o in out]), direct(ROWS.copy()), rtol=1e-5, atol=1e-5)
     (tmp_path / "other.pt2").write_bytes(b"x")
