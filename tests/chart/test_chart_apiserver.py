@@ -16,7 +16,7 @@ import pytest
 import yaml
 from chart_support import ALL_ON, CHART, SAMPLES, helm_binary, run_helm, sample_documents, write_values
 from kubetools import Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
-from sluiceway_core.keys import hash_key
+from sluiceway_core.keys import hash_key, new_salt
 from sluiceway_operator.kube import Kube
 from sluiceway_operator.render import Environment, Owner, render
 from sluiceway_operator.spec import parse_spec
@@ -29,6 +29,9 @@ OTHER = "elsewhere"
 SA_USER = f"system:serviceaccount:{RELEASE_NS}:sluiceway-operator"
 SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{RELEASE_NS}", "system:authenticated"]
 NAMESPACED = {"operator": {"namespaces": list(WATCHED), "prometheusUrl": "http://prometheus.monitoring.svc:9090"}}
+
+#: The per-service salt the operator keeps in the keys Secret (sluiceway_core.keys).
+SALT = new_salt()
 
 
 def _standin_crd(plural: str, kind: str, group: str, version: str, scope: str = "Namespaced") -> dict[str, Any]:
@@ -285,12 +288,13 @@ def test_sample_is_accepted_by_the_api_server_and_renders(installed: str, admin:
         # What the operator sees: the API server's defaults applied.
         spec = parse_spec(stored["spec"])
         hashes = {
-            t.name: hash_key(keys[(t.key_secret_ref.name, t.key_secret_ref.key)])
+            t.name: hash_key(keys[(t.key_secret_ref.name, t.key_secret_ref.key)], SALT)
             for t in spec.keyed_tenants
             if t.key_secret_ref is not None
         }
         env = Environment(prometheus_url="http://prometheus.monitoring.svc:9090", keda=True, service_monitor=True)
-        rendered = render(Owner(meta["name"], meta["namespace"], stored["metadata"]["uid"]), spec, hashes, env)
+        owner = Owner(meta["name"], meta["namespace"], stored["metadata"]["uid"])
+        rendered = render(owner, spec, hashes, env, salt=SALT)
         # Server-side dry run of the core children: the API server accepts what the operator renders.
         for manifest in rendered.manifests:
             if manifest["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):

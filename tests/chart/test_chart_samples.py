@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_support import CHART, K8S_VERSION, ROOT, sample_documents
-from sluiceway_core.keys import hash_key
+from sluiceway_core.keys import hash_key, new_salt
 from sluiceway_operator.render import Environment, Owner, render
 from sluiceway_operator.spec import parse_spec
 
@@ -24,6 +24,9 @@ ENV = Environment(
     keda=True,
     service_monitor=True,
 )
+
+#: The per-service salt the operator keeps in the keys Secret (sluiceway_core.keys).
+SALT = new_salt()
 
 
 def _services() -> list[tuple[str, dict[str, Any]]]:
@@ -41,11 +44,12 @@ def test_sample_renders_valid_children(filename: str, cr: dict[str, Any]) -> Non
     spec = parse_spec(cr["spec"])
     # Every key Secret a tenant references is in the same file, with that key.
     hashes = {
-        t.name: hash_key(_secret_value(SAMPLES_DOCS[filename], t.key_secret_ref.name, t.key_secret_ref.key))
+        t.name: hash_key(_secret_value(SAMPLES_DOCS[filename], t.key_secret_ref.name, t.key_secret_ref.key), SALT)
         for t in spec.keyed_tenants
         if t.key_secret_ref is not None
     }
-    rendered = render(Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], "uid-sample"), spec, hashes, ENV)
+    owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], "uid-sample")
+    rendered = render(owner, spec, hashes, ENV, salt=SALT)
     for manifest in rendered.manifests:
         if manifest["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
             continue  # not in kubernetes-validate; the operator tests check their shape
