@@ -151,7 +151,7 @@ def plot(trace: Trace, records: dict[str, Record], model: ServiceModel, path: Pa
         ax.plot(hours[::step], rec.total[::step], lw=0.9, label=name)
     ax.set_xlabel("hours")
     ax.set_ylabel("replicas")
-    ax.set_title(f"scalesim: {trace.name}")
+    ax.set_title(f"scalesim: {trace.name}, start-up {model.startup.label()}, SLO {model.slo:g} s")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
