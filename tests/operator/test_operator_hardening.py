@@ -169,10 +169,10 @@ def test_one_warning_event_per_problem(admin: Admin, operator_process: Path) -> 
     spec = {"autoscaling": {"engine": "none"}, "tenants": [{"name": "gamma", "keySecretRef": {"name": "gamma-key"}}]}
     uid = admin.create(_path(), _isvc("oneevent", **spec))["metadata"]["uid"]
     obj = _condition_is(admin, "oneevent", "ConfigValid", "False")
-    assert _cond(obj, "ConfigValid")["reason"] == "SecretNotFound"
+    assert _cond(obj, "ConfigValid")["reason"] == "TenantKeyUnavailable"
     time.sleep(6)  # six drift ticks and as many signals ticks
     warnings = _warnings(admin, "oneevent", uid)
-    assert [(e["reason"], e.get("count", 1)) for e in warnings] == [("SecretNotFound", 1)], warnings
+    assert [(e["reason"], e.get("count", 1)) for e in warnings] == [("TenantKeyUnavailable", 1)], warnings
     admin.call("DELETE", _path("oneevent"))
 
 
@@ -451,7 +451,7 @@ def test_operator_killed_mid_reconcile_and_restarted(
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": f"{name}-tenant"},
+            "metadata": {"name": f"{name}-tenant", "labels": {"sluiceway.io/tenant-key": "true"}},
             "data": {"key": base64.b64encode(b"tenant-key").decode()},
         },
     )
