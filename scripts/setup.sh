@@ -2,7 +2,8 @@
 # Install everything Sluiceway's tests and demo need on a fresh Debian machine (idempotent):
 # Debian's prometheus (prometheus + promtool), the Python package with its extras (torch comes from
 # PyPI; pip's cache serves later runs), and the Go-built control plane and helm (cached under
-# ~/.cache/sluiceway, keyed by version and go.sum, so only a new machine rebuilds them).
+# ~/.cache/sluiceway, keyed by version and go.sum, so only a new machine rebuilds them), and the
+# fetch tests' S3 server, s3proxy, from Maven Central (Java and Maven from Debian when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
@@ -15,6 +16,11 @@ if ! command -v iptables >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || !
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables iproute2 util-linux >/dev/null
 fi
+# The fetch tests' S3 server (s3proxy, tools/build-s3.sh) runs on Java and is fetched with Maven.
+if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ] && { ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; }; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless maven >/dev/null
+fi
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "control plane: $(tools/build-kube.sh)"
@@ -22,4 +28,5 @@ if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "KEDA: $(tools/build-keda.sh)"
   # The sandbox's Prometheus: Debian's lacks kubernetes_sd_configs (the scaler tests keep Debian's).
   echo "prometheus (sandbox): $(tools/build-prometheus.sh)"
+  echo "s3proxy (fetch tests): $(tools/build-s3.sh)"
 fi
