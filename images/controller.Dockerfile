@@ -16,6 +16,7 @@ COPY core/ core/
 COPY inference-pod/ inference-pod/
 COPY operator/ operator/
 COPY sandbox/ sandbox/
+COPY gateway/ gateway/
 # The `operator` extra: kopf, kubernetes, grpcio, protobuf. No torch.
 RUN pip install ".[operator]" && rm -rf /src
 

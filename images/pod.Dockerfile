@@ -19,6 +19,7 @@ COPY core/ core/
 COPY inference-pod/ inference-pod/
 COPY operator/ operator/
 COPY sandbox/ sandbox/
+COPY gateway/ gateway/
 # The `pod` extra: torch (already in the base image, kept), FastAPI, uvicorn, orjson.
 RUN pip install ".[pod]" && rm -rf /src
 
