@@ -272,7 +272,10 @@ class Gateway:
                         exclude.add(pod.key)
                         m.retries.labels(m.reason(reason or "other")).inc()
                         continue
-                    out.send(resp.status, _back_headers(resp), body)
+                    if out.head_only:
+                        out.start(resp.status, _back_headers(resp), 0)
+                    else:
+                        out.send(resp.status, _back_headers(resp), body)
                     return
                 observe_latency(pod, (now - started) * 1000.0)
                 await self._stream(resp, out, deadline)
@@ -288,7 +291,7 @@ class Gateway:
                     self.pool.release(conn)
 
     async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float) -> UpstreamResponse:
-        head = conn.send(self._request_bytes(req, ep.key, deadline))
+        head = conn.send(self._request_bytes(req, ep.key, deadline), head_request=req.method == "HEAD")
         try:
             return await _until(head, deadline - self.clock())
         except TimeoutError:
@@ -317,6 +320,9 @@ class Gateway:
                     length = int(v)
                 except ValueError:
                     length = None
+        if out.head_only:  # the pod's headers, its content-length included, and no body
+            out.start(resp.status, _back_headers(resp), length or 0, declared=True)
+            return
         if length is not None and length <= 65536:
             out.send(resp.status, _back_headers(resp), await self._read_body(resp, deadline))
             return

@@ -74,14 +74,18 @@ class ServerLimits:
 class Responder:
     """Writes one answer. ``start`` once, then ``write``/``end`` (or ``send`` for a whole answer)."""
 
-    def __init__(self, conn: ServerProtocol, keep_alive: bool) -> None:
+    def __init__(self, conn: ServerProtocol, keep_alive: bool, head_only: bool = False) -> None:
         self._conn = conn
         self.keep_alive = keep_alive
+        #: the answer to a HEAD request: headers only, never a body
+        self.head_only = head_only
         self.started = False
         self._chunked = False
         self.status = 0
 
-    def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None) -> None:
+    def start(self, status: int, headers: list[tuple[bytes, bytes]], length: int | None,
+              declared: bool = False) -> None:
+        """``length``: the body's length, or ``None`` (chunked). ``declared``: a HEAD answer's length."""
         assert not self.started
         self.started = True
         self.status = status
@@ -90,9 +94,9 @@ class Responder:
         for k, v in headers:
             parts.append(b"%s: %s\r\n" % (k, v))
         if length is None:
-            self._chunked = True
+            self._chunked = not self.head_only
             parts.append(b"transfer-encoding: chunked\r\n")
-        else:
+        elif not self.head_only or declared or length:
             parts.append(b"content-length: %d\r\n" % length)
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
@@ -100,7 +104,7 @@ class Responder:
         self._conn.write(b"".join(parts))
 
     async def write(self, chunk: bytes) -> None:
-        if not chunk:
+        if not chunk or self.head_only:
             return
         self._conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if self._chunked else chunk)
         await self._conn.drain()
@@ -111,7 +115,7 @@ class Responder:
 
     def send(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         self.start(status, headers, len(body))
-        if body:
+        if body and not self.head_only:
             self._conn.write(body)
 
     def send_error(self, err: GatewayError) -> None:
@@ -338,7 +342,7 @@ class ServerProtocol(asyncio.Protocol):
 
     async def _serve(self, req: Request) -> None:
         keep = req.keep_alive and not req.close_after and not self.state.closing
-        out = Responder(self, keep)
+        out = Responder(self, keep, head_only=req.method == "HEAD")
         try:
             if req.error is not None:
                 self.state.on_refused(req.error.reason)

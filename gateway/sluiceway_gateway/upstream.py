@@ -86,6 +86,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
+        self.head_request = False
         self._reset()
 
     def _reset(self) -> None:
@@ -117,7 +118,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.head is not None and not self.complete:
+        if self.head is not None and not self.complete and not self.head_request:
             self._fail(Lost("pod connection closed before the answer was complete"))
 
     # -- httptools callbacks
@@ -129,6 +130,13 @@ class UpstreamConn(asyncio.Protocol):
         assert r is not None and self.head is not None
         r.status = self.parser.get_status_code()
         r.headers = self._headers
+        if self.head_request:
+            # an answer to HEAD has no body whatever its content-length says; the parser cannot be
+            # told so, so the answer ends here and the connection is not reused
+            self.keep_alive = False
+            self.complete = True
+            self.head_request = False
+            self.close()
         if not self.head.done():
             self.head.set_result(r)
 
@@ -162,8 +170,9 @@ class UpstreamConn(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
-    def send(self, data: bytes) -> asyncio.Future[UpstreamResponse]:
+    def send(self, data: bytes, head_request: bool = False) -> asyncio.Future[UpstreamResponse]:
         self._reset()
+        self.head_request = head_request
         self.response = UpstreamResponse(self)
         self.head = self.loop.create_future()
         self.head.add_done_callback(_consume)

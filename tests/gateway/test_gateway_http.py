@@ -359,3 +359,24 @@ def test_gateway_sigterm_finishes_requests_in_flight(pod_factory: Any, gateway_f
         t.join(30)
     assert gw.proc.wait(20) == 0
     assert results == [200] * 4
+
+
+def test_head_requests_are_answered_without_a_body(pod_factory: Any, gateway_factory: Any) -> None:
+    """The pod answers HEAD with a ``content-length`` and no body: the gateway must not wait for that
+    body (it did, until the request's deadline), nor write one."""
+    pod = pod_factory("--model", "synthetic:0")
+    gw = gateway_factory({"endpoints": endpoints(pod), "limits": {"requestTimeoutSeconds": 30}})
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        t0 = time.monotonic()
+        s.sendall(b"HEAD /v2 HTTP/1.1\r\nhost: x\r\n\r\nHEAD /v2/health/live HTTP/1.1\r\nhost: x\r\n\r\n"
+                  b"GET /v2/health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    direct = httpx.head(f"{pod.url}/v2", timeout=5)
+    assert time.monotonic() - t0 < 5, "waited for a body that never comes"
+    heads = out.split(b"HTTP/1.1 ")[1:]
+    assert len(heads) == 3, out
+    assert heads[0].startswith(b"%d" % direct.status_code) and heads[0].endswith(b"\r\n\r\n"), heads[0]
+    assert heads[1].startswith(b"200") and heads[1].endswith(b"\r\n\r\n"), heads[1]  # no body after HEAD
+    assert heads[2].startswith(b"200") and heads[2].endswith(b'{"live": true}')
