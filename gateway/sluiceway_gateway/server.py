@@ -295,7 +295,9 @@ class ServerProtocol(asyncio.Protocol):
             if n > self.state.limits.max_body:
                 self._reject(PayloadTooLarge(f"body of {n} bytes over {self.state.limits.max_body}"))
                 raise _Stop
-        if hd.get("expect", "").lower() == "100-continue":
+        if hd.get("expect", "").lower() == "100-continue" and not self.busy and not self.queue:
+            # only when nothing is being answered on this connection: an interim answer must not land
+            # inside an earlier request's answer (a client sends its body anyway after a short wait)
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if declared not in (None, "0") or "transfer-encoding" in hd:
             self._arm(self.state.limits.body_timeout, self._body_late)

@@ -380,3 +380,19 @@ def test_head_requests_are_answered_without_a_body(pod_factory: Any, gateway_fac
     assert heads[0].startswith(b"%d" % direct.status_code) and heads[0].endswith(b"\r\n\r\n"), heads[0]
     assert heads[1].startswith(b"200") and heads[1].endswith(b"\r\n\r\n"), heads[1]  # no body after HEAD
     assert heads[2].startswith(b"200") and heads[2].endswith(b'{"live": true}')
+
+
+def test_expect_100_continue_never_lands_inside_an_earlier_answer(pod_factory: Any, gateway_factory: Any) -> None:
+    pod = pod_factory("--model", "synthetic:300")
+    gw = gateway_factory({"endpoints": endpoints(pod)})
+    infer = b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(infer + b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                  b"content-length: %d\r\nconnection: close\r\n\r\n" % len(BODY))
+        time.sleep(0.1)
+        s.sendall(BODY)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 200"), out[:200]  # the first answer first, whole
+    assert out.count(b'"outputs"') == 2
