@@ -76,9 +76,9 @@ class Ramp:
     below: float = 30.0  # seconds at 0.5x
     at: float = 30.0  # seconds at 1x
     over: float = 60.0  # seconds at 3x
-    # seconds of silence: replicas fall once the scaler's 1 m rate window has emptied and its 20 s
-    # scale-down hold has passed (measured: still 4 of 4 ready 35 s after the load stopped)
-    off: float = 120.0
+    # seconds of silence: replicas fall once the scaler's 1 m rate window has emptied and the
+    # sample's 75 s scale-down window has passed (samples/sandbox-demo.yaml), so about 135 s
+    off: float = 160.0
     over_factor: float = 3.0
 
     def phases(self) -> list[Phase]:
@@ -99,8 +99,8 @@ class Ramp:
 
     @classmethod
     def short(cls) -> Ramp:
-        """A quicker ramp (2.5 minutes)."""
-        return cls(below=10.0, at=10.0, over=40.0, off=90.0)
+        """A quicker ramp (3.5 minutes)."""
+        return cls(below=10.0, at=10.0, over=40.0, off=150.0)
 
 
 @dataclass(frozen=True)
@@ -476,7 +476,7 @@ def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="sandbox state directory (default $SLUICEWAY_SANDBOX_DIR or "
                    "~/.cache/sluiceway/sandbox)")
     p.add_argument("--out-dir", type=Path, default=Path.cwd(), help="where sluiceway-demo.png/.json go")
-    p.add_argument("--short", action="store_true", help="a 2.5 minute ramp instead of 4 minutes")
+    p.add_argument("--short", action="store_true", help="a 3.5 minute ramp instead of 4.7 minutes")
     for phase, default in (("below", Ramp.below), ("at", Ramp.at), ("over", Ramp.over), ("off", Ramp.off)):
         p.add_argument(f"--{phase}", type=float, help=f"seconds of the '{phase}' phase (default {default:g})")
     p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
