@@ -49,19 +49,26 @@ def http_get(
         conn = http.client.HTTPConnection(host, u.port, timeout=timeout)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
     expired = threading.Event()
+    # The connected socket, kept here: when an answer closes the connection (HTTP/1.0, or
+    # `Connection: close`) http.client hands the socket to the response and sets conn.sock to None,
+    # and the deadline must still be able to cut it.
+    held: list[socket.socket] = []
 
     def cut() -> None:
         expired.set()
-        sock = conn.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        for sock in [*held, conn.sock]:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     timer = threading.Timer(timeout, cut)
     timer.daemon = True
     timer.start()
+    resp: http.client.HTTPResponse | None = None
     try:
         conn.connect()
+        if conn.sock is not None:
+            held.append(conn.sock)
         if expired.is_set():
             raise TimeoutError("deadline passed while connecting")
         sent = {"Accept": "application/json, text/plain", "User-Agent": "sluiceway"}
@@ -77,7 +84,11 @@ def http_get(
     except (OSError, http.client.HTTPException, ValueError) as e:
         if expired.is_set() or isinstance(e, TimeoutError):
             raise FetchTimeout(f"no complete answer from {u.scheme}://{u.netloc} within {timeout:g}s") from e
-        raise FetchError(f"{u.scheme}://{u.netloc}: {type(e).__name__}: {e}") from e
+        # An HTTPException's text can be what the server sent (BadStatusLine): name the kind only.
+        what = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else type(e).__name__
+        raise FetchError(f"{u.scheme}://{u.netloc}: {what}") from e
     finally:
         timer.cancel()
+        if resp is not None:
+            resp.close()
         conn.close()

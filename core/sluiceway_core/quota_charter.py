@@ -88,8 +88,9 @@ class QuotaCharter:
             raise QuotaError(f"charter.maxPods must be an integer within 1..{MAX_PODS}")
         parsed: dict[str, TenantQuota] = {}
         for tenant, q in quotas.items():
-            if not isinstance(tenant, str) or not 1 <= len(tenant) <= 253:
-                raise QuotaError("charter.quotas: a tenant name must be 1..253 characters")
+            # the grant's grammar (no spaces): a charter the pods could not use is refused here
+            if not isinstance(tenant, str) or not 1 <= len(tenant) <= 253 or any(c.isspace() for c in tenant):
+                raise QuotaError("charter.quotas: a tenant name must be 1..253 characters without spaces")
             parsed[tenant] = TenantQuota.from_json(q)
         return cls(service, parsed, max_pods)
 

@@ -147,21 +147,7 @@ def test_a_spec_address_off_the_list_is_refused_and_never_fetched(hostile: tuple
     assert ok.config_error is None
 
 
-@pytest.mark.parametrize(
-    "protocol",
-    [
-        "HTTP/1.1",
-        pytest.param(
-            "HTTP/1.0",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="sluiceway_core.httpget: with a 'Connection: close' answer http.client hands the socket "
-                "to the response and sets conn.sock = None, so the deadline timer has no socket to shut "
-                "down and only the per-read timeout applies (returned after 20 s); reported to the lead",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("protocol", ["HTTP/1.1", "HTTP/1.0"])
 def test_a_trickling_server_holds_a_worker_no_longer_than_the_deadline(
     hostile: tuple[str, type[Hostile]], protocol: str
 ) -> None:
@@ -200,12 +186,12 @@ def test_one_deadline_for_the_whole_signals_pass(hostile: tuple[str, type[Hostil
     assert elapsed < 2.0
 
 
-def test_a_huge_answer_is_capped(hostile: tuple[str, type[Hostile]]) -> None:
+@pytest.mark.parametrize("protocol", ["HTTP/1.1", "HTTP/1.0"])
+def test_a_huge_answer_is_capped(hostile: tuple[str, type[Hostile]], protocol: str) -> None:
     url, handler = hostile
     handler.mode = "huge"
-    # HTTP/1.1: with an HTTP/1.0 answer httpget leaves the socket to the response, which it never
-    # closes (see the trickle test's xfail), so the server would not see the client stop.
-    handler.protocol_version = "HTTP/1.1"
+    # HTTP/1.0 too: the answer then owns the socket, and httpget must still close it.
+    handler.protocol_version = protocol
     allow = UrlAllowList.build("test", [url])
     with pytest.raises(PrometheusError) as err:
         query_scalar(url, "up", allow=allow, timeout=20)
