@@ -269,6 +269,7 @@ class ServerProtocol(asyncio.Protocol):
         req = self.current
         assert req is not None
         self._disarm()
+        self._late = False  # its headers came while an earlier answer was in service: it is owed one
         p = self.parser
         req.method = p.get_method().decode("ascii", "replace")
         req.keep_alive = p.should_keep_alive() and p.get_http_version() == "1.1"
@@ -366,7 +367,7 @@ class ServerProtocol(asyncio.Protocol):
         if self.read_paused and len(self.queue) < self.state.limits.max_pipelined:
             self.read_paused = False
             self.transport.resume_reading()
-        if self._late:
+        if self._late and not self.queue:  # a request whose headers are still incomplete, and late
             self.state.on_refused("header_timeout")
             self._close()
             return

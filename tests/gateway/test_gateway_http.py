@@ -396,3 +396,27 @@ def test_expect_100_continue_never_lands_inside_an_earlier_answer(pod_factory: A
             out += chunk
     assert out.startswith(b"HTTP/1.1 200"), out[:200]  # the first answer first, whole
     assert out.count(b'"outputs"') == 2
+
+
+def test_pipelined_request_completed_during_a_long_answer_is_answered(pod_factory: Any,
+                                                                      gateway_factory: Any) -> None:
+    """B's header deadline passes while A is in service, then B's headers complete before A's answer:
+    B was parsed, so it is owed an answer (as at the pod); only headers still incomplete close."""
+    pod = pod_factory("--model", "synthetic:1500")
+    gw = gateway_factory({"endpoints": endpoints(pod), "limits": {"headerTimeoutSeconds": 1}})
+    infer = b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(BODY), BODY)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(infer + b"GET /v2/health/live HTTP/1.1\r\n")
+        time.sleep(1.2)
+        s.sendall(b"host: x\r\nconnection: close\r\n\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 200") and out.endswith(b'{"live": true}'), out[-200:]
+    # B never completes: A is answered, then the late connection is closed (no answer owed)
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(infer + b"GET /v2/health/live HTTP/1.1\r\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1") == 1 and b'"outputs"' in out
