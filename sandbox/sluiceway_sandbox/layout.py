@@ -76,6 +76,12 @@ class Layout:
 
     # --- files -------------------------------------------------------------------------------
     @property
+    def bin_dir(self) -> Path:
+        """Links to the sandbox's client tools (``kubectl``, built with the control plane): put it on
+        ``PATH`` (``up`` prints the line)."""
+        return self.state_dir / "bin"
+
+    @property
     def kubeconfig(self) -> Path:
         """Admin kubeconfig (absolute; ``KUBECONFIG=<this>`` is what ``up`` prints last)."""
         return self.state_dir / "admin.kubeconfig"

@@ -151,6 +151,29 @@ def _start_prometheus(layout: Layout, kube: Kube, binary: Path) -> None:
     write_pid(layout.pid_file("prometheus"), proc.pid)
 
 
+def link_kubectl(layout: Layout, kube_bin: Path) -> Path | None:
+    """Link ``<state>/bin/kubectl`` to the kubectl that ``tools/build-kube.sh`` built from the same
+    ``k8s.io/kubernetes`` module as the control plane (so client and server versions match; Debian's
+    kubectl is too old for the CRD's CEL rules). Returns the link, or None (and removes a stale
+    link) when that build has no kubectl. Single-threaded: ``up`` calls it once."""
+    link = layout.bin_dir / "kubectl"
+    target = kube_bin / "kubectl"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    if not target.is_file():
+        return None
+    layout.bin_dir.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    return link
+
+
+def kubectl_lines(layout: Layout, kubectl: Path | None) -> list[str]:
+    """What ``up`` and ``status`` print about kubectl: where it is and the PATH line to use it."""
+    if kubectl is None:
+        return ["  kubectl     not built with the control plane: run tools/build-kube.sh, then sandbox up again"]
+    return [f"  kubectl     {kubectl}   (export PATH={layout.bin_dir}:$PATH)"]
+
+
 def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     t0 = time.monotonic()
     require_host()
@@ -158,6 +181,7 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
         d.mkdir(parents=True, exist_ok=True)
     progress(f"state directory: {layout.state_dir}")
     kube_bin = controlplane.bin_dir(ROOT, opts.build, progress)
+    kubectl = link_kubectl(layout, kube_bin)
     helm_bin = helm.helm_binary(ROOT, opts.build, progress)
     keda_bins: dict[str, Path] = {}
     if opts.keda:
@@ -250,6 +274,8 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     progress(f"sandbox up in {time.monotonic() - t0:.1f}s")
     progress(f"  API server  {layout.apiserver_url}   Prometheus {layout.prometheus_url}")
     progress(f"  logs        {layout.logs_dir}   (sluiceway sandbox logs POD)")
+    for line in kubectl_lines(layout, kubectl):
+        progress(line)
     progress("  try         kubectl get infsvc,pods -A ; sluiceway sandbox status ; sluiceway sandbox down")
     print(f"KUBECONFIG={layout.kubeconfig}", flush=True)
 
@@ -299,6 +325,8 @@ def status(layout: Layout) -> list[str]:
                 )
         except (KubeError, OSError) as err:
             lines.append(f"API server not answering: {err}")
+        link = layout.bin_dir / "kubectl"
+        lines += kubectl_lines(layout, link if link.exists() else None)
         lines.append(f"KUBECONFIG={layout.kubeconfig}")
     return lines
 
