@@ -16,7 +16,7 @@ MAX_POD_LABELS = 64
 KNOWN_REASONS = frozenset({
     "invalid_input", "unauthenticated", "priority_forbidden", "not_found", "body_timeout", "payload_too_large",
     "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
-    "upstream_lost", "deadline", "gateway_draining", "header_timeout", "internal",
+    "upstream_lost", "deadline", "gateway_draining", "header_timeout", "slow_reader", "internal",
     "queue_full", "displaced", "not_ready", "draining", "connect_failed",
 })
 

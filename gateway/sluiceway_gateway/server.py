@@ -13,6 +13,7 @@ The same hostile-client guarantees the pod gives (docs/reliability.md):
   second in which what it sends is dropped, so the answer is not lost to a reset).
 * **Pipelining**: requests parsed ahead wait in a per-connection queue of at most ``max_pipelined``
   (then the socket is not read) and are served one at a time, so answers go out in order.
+* **Slow readers**: a client that stops reading its answer for ``body_timeout`` is disconnected.
 * Malformed requests get 400 and the connection closes. Every parsed request gets one answer.
 
 Concurrency model: protocol callbacks on the event loop; per connection one task at a time serves the
@@ -199,9 +200,16 @@ class ServerProtocol(asyncio.Protocol):
             self.transport.write(data)
 
     async def drain(self) -> None:
+        """Wait while the client's socket applies back-pressure, at most the body deadline: a client
+        that stops reading its answer is disconnected rather than holding a pod connection for good."""
         ev = self._write_ready
         if ev is not None and not ev.is_set() and not self.dead:
-            await ev.wait()
+            try:
+                await asyncio.wait_for(ev.wait(), self.state.limits.body_timeout)
+            except TimeoutError:
+                self.state.on_refused("slow_reader")
+                self.dead = True
+                self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.stop_parsing:

@@ -420,3 +420,24 @@ def test_pipelined_request_completed_during_a_long_answer_is_answered(pod_factor
         while chunk := s.recv(65536):
             out += chunk
     assert out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1") == 1 and b'"outputs"' in out
+
+
+def test_a_client_that_stops_reading_is_disconnected(pod_factory: Any, gateway_factory: Any) -> None:
+    pod = pod_factory("--model", "synthetic:0")
+    gw = gateway_factory({"endpoints": endpoints(pod), "limits": {"bodyTimeoutSeconds": 1}})
+    n = 1_500_000
+    big = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, n], "datatype": "FP32",
+                                  "data": [1.0] * n}]}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", gw.port))
+    try:
+        s.sendall(b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big))
+        end = time.monotonic() + 30
+        while gw.metric("sluiceway_gateway_refused_total", reason="slow_reader") < 1:
+            assert time.monotonic() < end, "the slow reader was never disconnected"
+            time.sleep(0.2)
+    finally:
+        s.close()
+    assert httpx.post(gw.infer_url(), content=BODY, timeout=10).status_code == 200
