@@ -105,7 +105,8 @@ class ServerConfig(_Model):
     max_inflight_body_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,
-        description="request bodies admitted but not yet decoded, all connections together -> 429",
+        description="request bodies admitted but not yet decoded (binary-tensor bodies: not yet answered), "
+        "all connections together -> 429",
     )
     drain_seconds: float = Field(default=30.0, gt=0, le=3600)
     drain_delay_seconds: float = Field(

@@ -373,7 +373,8 @@ class DataPlane:
         doc: dict[str, Any] = {
             "name": self.model_name,
             "versions": [self.config.model.version],
-            "platform": "pytorch_torchscript" if self.config.model.spec.endswith(".pt") else "sluiceway",
+            # the runner's format, as Triton's metadata names it (onnxruntime_onnx, pytorch_export...)
+            "platform": getattr(runner, "platform", None) or "sluiceway",
         }
         if runner is not None:
             doc["inputs"] = [s.to_json() for s in runner.inputs]
