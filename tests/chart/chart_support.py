@@ -72,6 +72,10 @@ def write_values(path: Path, values: dict[str, Any]) -> Path:
 
 
 def run_helm(helm: str, home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run helm. ``template`` and ``lint`` render for Kubernetes :data:`K8S_VERSION` unless the call
+    names a version: offline, helm assumes v1.20.0, which the chart's kubeVersion refuses."""
+    if args and args[0] in ("template", "lint") and "--kube-version" not in args:
+        args = (*args, "--kube-version", K8S_VERSION)
     return subprocess.run(
         [helm, *args], capture_output=True, text=True, check=False, env=helm_env(home), timeout=timeout
     )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -395,6 +397,44 @@ def test_generated_secrets_survive_upgrades(
     assert cta is not None and {r["name"] for r in cta["spec"]["secretTargetRef"]} == {"sluiceway-keda-client"}
     scaler = admin.get(f"/apis/apps/v1/namespaces/{RELEASE_NS}/deployments/sluiceway-scaler")
     assert scaler is not None and scaler["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_crd_upgrade_needs_server_side_apply_with_force_conflicts(
+    installed: str, control_plane: ControlPlane, admin: Admin, tmp_path: Path
+) -> None:
+    """Helm creates the CRD from crds/ on install (field manager ``helm``, operation Update) and never
+    upgrades it. The next chart version's CRD applied with ``kubectl apply --server-side`` conflicts
+    with Helm's fields; with ``--force-conflicts`` (docs/install.md) it takes them over. Debian's
+    kubectl (a client, not built here) against the real API server."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("no kubectl on PATH (Debian's kubernetes-client)")
+    crd_path = CHART / "crds" / "inferenceservices.sluiceway.io.yaml"
+    name = "inferenceservices.sluiceway.io"
+    live = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    assert live is not None
+    assert "helm" in {m["manager"] for m in live["metadata"].get("managedFields", [])}, live["metadata"]
+    nxt = yaml.safe_load(crd_path.read_text())
+    schema = nxt["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["description"] = "the next chart version's CRD"
+    (tmp_path / "crds").mkdir()
+    (tmp_path / "crds" / crd_path.name).write_text(yaml.safe_dump(nxt))
+
+    def kubectl_apply(*flags: str, directory: Path) -> subprocess.CompletedProcess[str]:
+        cmd = [kubectl, "--kubeconfig", str(control_plane.kubeconfig), "apply", "--server-side", *flags]
+        return subprocess.run([*cmd, "-f", str(directory)], capture_output=True, text=True, timeout=60, check=False)
+
+    plain = kubectl_apply(directory=tmp_path / "crds")
+    assert plain.returncode != 0 and "conflict" in plain.stderr.lower(), plain.stdout + plain.stderr
+    forced = kubectl_apply("--force-conflicts", directory=tmp_path / "crds")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    live = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    assert live is not None
+    assert live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == "the next chart version's CRD"
+    # back to this version's CRD, the same documented command
+    back = kubectl_apply("--force-conflicts", directory=CHART / "crds")
+    assert back.returncode == 0, back.stdout + back.stderr
+    establish_crd(admin, yaml.safe_load(crd_path.read_text()))
 
 
 def test_install_with_a_bad_value_fails_clearly(helm: str, home: Path, control_plane: ControlPlane) -> None:

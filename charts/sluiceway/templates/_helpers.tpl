@@ -87,3 +87,15 @@ release-chart (63 characters at most). Names the Secrets the chart generates per
 {{- define "sluiceway.kedaClientSecret" -}}
 {{ .Values.scaler.tls.kedaClientSecret | default "sluiceway-keda-client" }}
 {{- end }}
+
+{{/*
+A policy list as the operator's env value (comma-separated): the value when the key is set (an empty
+list stays empty: it allows nothing), else the chart's default. `helm upgrade --reuse-values` from a
+chart version without operator.policy renders with the old values.yaml: the defaults then come from
+here. Call with (list $policy "key" (list default...)).
+*/}}
+{{- define "sluiceway.policyValue" -}}
+{{- $p := index . 0 }}
+{{- $key := index . 1 }}
+{{- if hasKey $p $key }}{{ join "," (index $p $key) }}{{ else }}{{ join "," (index . 2) }}{{ end }}
+{{- end }}
