@@ -25,7 +25,7 @@ class _Model(BaseModel):
 class ListenConfig(_Model):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
-    metrics_port: int = Field(default=9092, ge=0, le=65535)
+    metrics_port: int = Field(default=9091, ge=0, le=65535)
 
 
 class LimitsConfig(_Model):
