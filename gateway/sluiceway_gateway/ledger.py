@@ -30,6 +30,9 @@ DEGRADATION = "sluiceway-degradation"
 LOAD_HEADERS = (QUEUE_DEPTH, PERMITS, PREDICTED_WAIT, DRAINING, DEGRADATION)
 
 _MAX_REPORTED = 1e9
+#: ``sluiceway-degradation: 2``: the pod's queue is full
+QUEUE_FULL_LEVEL = 2
+FULL_PENALTY_MS = 1e7
 
 
 @dataclass
@@ -109,7 +112,15 @@ def observe_latency(pod: PodLoad, ms: float, alpha: float = 0.2) -> None:
 def predicted_wait_ms(pod: PodLoad) -> float:
     """Expected wait of one more request on ``pod``: the pod's last reported wait plus what the gateway
     sent it since, each costing the pod's mean answer time divided over its permits; without a report,
-    the gateway's own in-flight count on the same terms. Pure."""
+    the gateway's own in-flight count on the same terms; a pod whose last report said its queue is full
+    (degradation level 2) ranks behind every pod that did not. Pure."""
+    if pod.degradation >= QUEUE_FULL_LEVEL:
+        # the pod said its queue is full: it would refuse (429 queue_full) until an answer says otherwise
+        return FULL_PENALTY_MS + _plain_wait(pod)
+    return _plain_wait(pod)
+
+
+def _plain_wait(pod: PodLoad) -> float:
     permits = max(1, pod.permits_limit or 1)
     per_request = max(pod.ewma_ms, 0.01) / permits
     if pod.reported_wait_ms is not None:

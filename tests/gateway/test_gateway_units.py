@@ -96,6 +96,15 @@ def test_predicted_wait_counts_requests_sent_since_the_report() -> None:
     assert predicted_wait_ms(q) == pytest.approx(60.0)
 
 
+def test_a_pod_reporting_a_full_queue_ranks_last() -> None:
+    ps = pods([500.0, 5.0])
+    apply_headers(ps[1], {"sluiceway-degradation": "2"}, 1.0)
+    rng = random.Random(2)
+    assert all(choose(ps, "leastWait", rng) is ps[0] for _ in range(50))
+    apply_headers(ps[1], {"sluiceway-degradation": "0"}, 2.0)
+    assert choose(ps, "leastWait", rng) is ps[1]
+
+
 def test_malformed_load_headers_are_ignored() -> None:
     p = PodLoad("a")
     seen = apply_headers(p, {"sluiceway-queue-depth": "nan", "sluiceway-permits": "x/y",
