@@ -232,9 +232,7 @@ class Reconciler:
                 error,
                 digest,
                 keda,
-                tenant_quotas=tuple(
-                    TenantQuota(tn.name, tn.rate, tn.max_concurrent) for tn in spec.tenants or []
-                ),
+                tenant_quotas=tuple(TenantQuota(tn.name, tn.rate, tn.max_concurrent) for tn in spec.tenants or []),
                 default_quota=TenantQuota("", spec.access.defaults.rate, spec.access.defaults.max_concurrent),
                 quota_scope="service" if shared else "pod",
             )
@@ -263,6 +261,7 @@ class Reconciler:
             quota_coordinator_url=self.config.quota_coordinator_url,
             quota_lease_seconds=self.config.quota_lease_seconds,
             quota_key=self.config.quota_key,
+            service_monitor_labels=dict(self.config.service_monitor_labels),
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None

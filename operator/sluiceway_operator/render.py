@@ -1,7 +1,7 @@
 """Pure builders: a validated spec -> the manifests of one InferenceService's children.
 
 No I/O and no clock: every input is an argument, so the output is a function of them (golden-tested
-in ``tests/operator/test_render.py``). Safe to call from any thread.
+in ``tests/operator/test_operator_render.py``). Safe to call from any thread.
 
 Children, all named after the InferenceService and owned by it (controller owner reference):
 
@@ -14,10 +14,13 @@ Secret                    ``<name>-keys``     ``keys.txt``: the salt and ``<hmac
                                               lines; ``quota-token``: the quota charter's
                                               signature (with the quota coordinator)
 Deployment                ``<name>``          the inference pods
-Service                   ``<name>``          ports ``http`` (8080) and ``metrics``
+Service                   ``<name>``          port ``http`` (8080) only: what clients call
+Service                   ``<name>-metrics``  headless (no cluster IP), port ``metrics`` (9091):
+                                              what the ServiceMonitor selects
 PodDisruptionBudget       ``<name>``          ``maxUnavailable`` from the spec
 ScaledObject (KEDA)       ``<name>``          engines ``keda`` and ``prometheus``, if KEDA exists
-ServiceMonitor            ``<name>``          if the Prometheus-operator CRD exists
+ServiceMonitor            ``<name>``          if the Prometheus-operator CRD exists; labels:
+                                              the operator's defaults, then the spec's
 ========================  ==================  ===============================================
 """
 
@@ -52,6 +55,7 @@ __all__ = [
     "build_config_map",
     "build_deployment",
     "build_keys_secret",
+    "build_metrics_service",
     "build_pdb",
     "build_pod_config",
     "build_quota",
@@ -87,6 +91,8 @@ QUOTA_TOKEN_KEY = "quota-token"
 MAX_SURGE = 1
 CONFIG_HASH_ANNOTATION = "sluiceway.io/config-hash"
 INSTANCE_LABEL = "sluiceway.io/inferenceservice"
+#: On the ``<name>-metrics`` Service only: what the ServiceMonitor selects.
+METRICS_SERVICE_LABEL = "sluiceway.io/metrics"
 RUN_AS = 65532
 #: Extra seconds of termination grace beyond the preStop sleep and the drain budget (exit).
 GRACE_SLACK_SECONDS = 10
@@ -127,6 +133,9 @@ class Environment:
     #: The key that signs quota charters (shared with the coordinator only); required with
     #: ``quota_coordinator_url``. Never printed.
     quota_key: bytes | None = field(default=None, repr=False)
+    #: Labels of every ServiceMonitor (the operator's ``SLUICEWAY_SERVICEMONITOR_LABELS``, e.g. the
+    #: ``release`` label kube-prometheus-stack selects on); the spec's own come on top.
+    service_monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -449,9 +458,7 @@ def build_deployment(
     pvc = spec.model.persistent_volume_claim
     if pvc is not None:
         mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
-        volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
-        )
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
     container: dict[str, Any] = {
         "name": "sluiceway-pod",
         "image": spec.model.image,
@@ -464,9 +471,7 @@ def build_deployment(
         "env": [{"name": "HOME", "value": "/tmp"}]
         + (
             # the quota client names its leases after the pod (sluiceway_core.config.QuotaConfig)
-            [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
-            if pod_name_env
-            else []
+            [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}] if pod_name_env else []
         ),
         "resources": resources,
         "startupProbe": _http_probe("/v2/health/live", 5, 120),
@@ -554,6 +559,8 @@ def clamp_replicas(spec: InferenceServiceSpec, replicas: int | None) -> int:
 
 
 def build_service(owner: Owner) -> dict[str, Any]:
+    """What clients call: the inference port only. ``/metrics`` names every tenant and is not on it
+    (:func:`build_metrics_service`)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -561,10 +568,28 @@ def build_service(owner: Owner) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(owner.name),
-            "ports": [
-                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
-            ],
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def metrics_service_name(owner: Owner) -> str:
+    return f"{owner.name}-metrics"
+
+
+def build_metrics_service(owner: Owner) -> dict[str, Any]:
+    """``<name>-metrics``: headless (no cluster IP, nothing load-balances to it), port ``metrics``;
+    the endpoints a ServiceMonitor (or a plain ``kubernetes_sd`` endpoints job) scrapes."""
+    meta = _metadata(owner, metrics_service_name(owner))
+    meta["labels"] = {**meta["labels"], METRICS_SERVICE_LABEL: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(owner.name),
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
         },
     }
 
@@ -637,9 +662,12 @@ def scale_down_hpa_policies(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any]:
     """KEDA ScaledObject: fast up, slow down, never below current replicas on signal loss.
 
-    Only fields KEDA uses are rendered: ``pollingInterval`` and ``cooldownPeriod`` matter only when
-    ``minReplicaCount`` is 0 (KEDA's admission webhook warns otherwise, kedacore/keda#7271), and the
-    CRD refuses ``minReplicas: 0`` until scale-from-zero exists, so they are normally absent.
+    ``pollingInterval`` is how often KEDA reads the signals: every trigger has ``useCachedMetrics``,
+    so KEDA reads each trigger once per interval and answers the HPA's requests from that reading
+    (without it, KEDA uses the interval only for scaling from and to zero, and its admission webhook
+    warns that it is not relevant: kedacore/keda#7271). The HPA still acts once per its sync period
+    (kube-controller-manager ``--horizontal-pod-autoscaler-sync-period``, 15 s by default).
+    ``cooldownPeriod`` matters only for ``minReplicaCount: 0``, which the CRD refuses: not rendered.
     """
     a = spec.autoscaling
     wait_target = parse_duration(a.target_wait_p95)
@@ -671,6 +699,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
     }
     so_spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+        "pollingInterval": _seconds(a.polling_interval),
         "minReplicaCount": a.min_replicas,
         "maxReplicaCount": a.max_replicas,
         "advanced": {
@@ -678,8 +707,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
             "horizontalPodAutoscalerConfig": {"name": f"keda-hpa-{owner.name}", "behavior": behavior},
         },
     }
-    if a.min_replicas == 0:  # only then does KEDA's own loop (activation, cooldown) decide anything
-        so_spec["pollingInterval"] = _seconds(a.polling_interval)
+    if a.min_replicas == 0:  # only then does KEDA's cooldown decide anything
         so_spec["cooldownPeriod"] = _seconds(a.scale_down.stabilization_window)
     if a.engine == "keda":
         metadata: dict[str, str] = {
@@ -701,7 +729,12 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
         }
         if prometheus:
             metadata["prometheusAddress"] = prometheus
-        trigger: dict[str, Any] = {"type": SCALER_TRIGGER_TYPE, "metricType": "AverageValue", "metadata": metadata}
+        trigger: dict[str, Any] = {
+            "type": SCALER_TRIGGER_TYPE,
+            "metricType": "AverageValue",
+            "useCachedMetrics": True,
+            "metadata": metadata,
+        }
         if env.scaler_authentication:
             trigger["authenticationRef"] = {"name": env.scaler_authentication, "kind": "ClusterTriggerAuthentication"}
         so_spec["triggers"] = [trigger]
@@ -718,14 +751,14 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
         # trigger is AverageValue, and wait p95 is a Value metric.
         if not prometheus:
             raise SpecError(
-                "autoscaling.engine prometheus needs autoscaling.prometheusAddress "
-                "(or the operator's --prometheus-url)"
+                "autoscaling.engine prometheus needs autoscaling.prometheusAddress (or the operator's --prometheus-url)"
             )
         so_spec["triggers"] = [
             {
                 "type": "prometheus",
                 "name": "queue-depth",
                 "metricType": "AverageValue",
+                "useCachedMetrics": True,
                 "metadata": {
                     "serverAddress": prometheus,
                     "query": Queries.build(owner.namespace, owner.name).queue_depth,
@@ -737,6 +770,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
                 "type": "prometheus",
                 "name": "wait-p95",
                 "metricType": "Value",
+                "useCachedMetrics": True,
                 "metadata": {
                     "serverAddress": prometheus,
                     "query": Queries.build(owner.namespace, owner.name).wait_p95,
@@ -753,13 +787,19 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
     }
 
 
-def build_service_monitor(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+def build_service_monitor(
+    owner: Owner, spec: InferenceServiceSpec, defaults: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Selects the ``<name>-metrics`` Service. Labels: ``defaults`` (the operator's), then the
+    spec's ``monitoring.serviceMonitorLabels``, then the operator's own (which always win)."""
+    meta = _metadata(owner, owner.name)
+    meta["labels"] = {**(defaults or {}), **spec.monitoring.service_monitor_labels, **meta["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _metadata(owner, owner.name),
+        "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": pod_labels(owner.name)},
+            "selector": {"matchLabels": {INSTANCE_LABEL: owner.name, METRICS_SERVICE_LABEL: "true"}},
             "endpoints": [
                 {
                     "port": "metrics",
@@ -815,6 +855,7 @@ def render(
         build_keys_secret(owner, keys, token),
         build_deployment(owner, spec, digest, pod_name_env=cfg.quota is not None),
         build_service(owner),
+        build_metrics_service(owner),
         build_pdb(owner, spec),
     ]
     absent: list[tuple[str, str]] = []
@@ -823,9 +864,7 @@ def render(
     elif env.keda:
         absent.append(SCALED_OBJECT)
     if spec.monitoring.service_monitor and env.service_monitor:
-        manifests.append(build_service_monitor(owner, spec))
+        manifests.append(build_service_monitor(owner, spec, env.service_monitor_labels))
     elif env.service_monitor:
         absent.append(SERVICE_MONITOR)
-    return Rendered(
-        manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent, replicas=owned_replicas
-    )
+    return Rendered(manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent, replicas=owned_replicas)

@@ -11,7 +11,10 @@ lease period, as the scaler's ``--quota-lease-seconds``), ``SLUICEWAY_QUOTA_KEY_
 signs each service's quota charter; required with the coordinator URL), ``SLUICEWAY_ALLOWED_PROMETHEUS``
 (comma-separated Prometheus base URLs a spec's ``autoscaling.prometheusAddress`` may name;
 ``SLUICEWAY_PROMETHEUS_URL`` is always allowed), ``SLUICEWAY_PROMETHEUS_TIMEOUT`` (seconds, the whole of
-one query) and the policy's ``SLUICEWAY_ALLOWED_*`` lists (:mod:`.policy`).
+one query), ``SLUICEWAY_SERVICEMONITOR_LABELS`` (``k=v,k=v``: labels of every rendered ServiceMonitor,
+such as the ``release`` label kube-prometheus-stack selects on; a spec's
+``monitoring.serviceMonitorLabels`` adds to them) and the policy's ``SLUICEWAY_ALLOWED_*`` lists
+(:mod:`.policy`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from sluiceway_core.urls import UrlAllowList
 
 from .policy import Policy, policy_from_env
 
-__all__ = ["DOMAIN", "OperatorConfig", "apply_kopf_settings", "config_from_env"]
+__all__ = ["DOMAIN", "OperatorConfig", "apply_kopf_settings", "config_from_env", "parse_labels"]
 
 #: kopf's ``kopf.zalando.org`` annotations, progress storage and finalizer are renamed to this.
 DOMAIN = "sluiceway.io"
@@ -61,6 +64,8 @@ class OperatorConfig:
     prometheus_timeout: float = 5.0
     #: What an InferenceService may ask of the cluster (:mod:`.policy`).
     policy: Policy = field(default_factory=Policy)
+    #: Labels of every rendered ServiceMonitor (``SLUICEWAY_SERVICEMONITOR_LABELS``).
+    service_monitor_labels: tuple[tuple[str, str], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +85,28 @@ class OperatorConfig:
         """What the operator may query: ``allowed_prometheus`` plus ``prometheus_url``."""
         urls = [*self.allowed_prometheus, *([self.prometheus_url] if self.prometheus_url else [])]
         return UrlAllowList.build("SLUICEWAY_ALLOWED_PROMETHEUS/SLUICEWAY_PROMETHEUS_URL", urls)
+
+
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+
+
+def parse_labels(name: str, text: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k=v`` (spaces around items ignored) as label pairs; ValueError naming ``name``."""
+    out: dict[str, str] = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not value or not _LABEL_KEY.fullmatch(key) or len(key) > 317 or not _LABEL_VALUE.fullmatch(value):
+            raise ValueError(
+                f"{name} must be comma-separated key=value label pairs (keys: an optional DNS prefix and '/', "
+                f"then at most 63 alphanumerics, '-', '_', '.'; values: at most 63 of those), not {item!r}"
+            )
+        out[key] = value
+    return tuple(out.items())
 
 
 def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -116,6 +143,9 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         allowed_prometheus=allowed,
         prometheus_timeout=timeout,
         policy=policy_from_env(env),
+        service_monitor_labels=parse_labels(
+            "SLUICEWAY_SERVICEMONITOR_LABELS", env.get("SLUICEWAY_SERVICEMONITOR_LABELS", "")
+        ),
     )
 
 

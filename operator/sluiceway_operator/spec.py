@@ -2,7 +2,7 @@
 
 The CRD (``crds/inferenceservices.sluiceway.io.yaml``) is the source of truth: the API server
 applies its defaults and CEL rules before the operator sees an object. This model repeats the same
-defaults (``tests/operator/test_spec.py`` checks that they agree with the CRD) so that the pure
+defaults (``tests/operator/test_operator_spec.py`` checks that they agree with the CRD) so that the pure
 builders can be used and tested without an API server, and it adds the checks a schema cannot
 express. Units are converted here once: durations to seconds, rates to tokens per second,
 quantities to bytes.
@@ -360,6 +360,9 @@ class DisruptionSpec(_Model):
 
 class MonitoringSpec(_Model):
     service_monitor: bool = True
+    #: Extra labels of the rendered ServiceMonitor (e.g. ``release``, which kube-prometheus-stack
+    #: selects on), over the operator's ``SLUICEWAY_SERVICEMONITOR_LABELS``.
+    service_monitor_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=16)
     interval: Duration = "15s"
 
 

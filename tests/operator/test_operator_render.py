@@ -88,7 +88,7 @@ def test_core_manifests_validate_strict(name: str) -> None:
             continue  # CRDs unknown to kubernetes-validate; checked by shape below
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         checked += 1
-    assert checked == 5
+    assert checked == 6  # ConfigMap, Secret, Deployment, Service, the metrics Service, PDB
 
 
 def test_crd_validates_strict() -> None:
@@ -216,16 +216,20 @@ def test_config_change_changes_hash_and_nothing_else_does() -> None:
 
 
 def test_metrics_on_their_own_port() -> None:
-    """The pod serves /metrics on 9091 (port name ``metrics``); Service and ServiceMonitor use it."""
+    """The pod serves /metrics on 9091 (port name ``metrics``); only the headless ``<name>-metrics``
+    Service carries it (issue 23: the client Service exposed every tenant's name), and the
+    ServiceMonitor scrapes it there."""
     rendered = _render_case("full")
     kinds = _by_kind(rendered.manifests)
     (c,) = kinds["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert {"name": "metrics", "containerPort": 9091, "protocol": "TCP"} in c["ports"]
     assert rendered.pod_config.server.metrics_port == 9091
     assert rendered.pod_config.server.port == 8080
-    ports = {p["name"]: p for p in kinds["Service"]["spec"]["ports"]}
-    assert ports["metrics"]["port"] == 9091 and ports["metrics"]["targetPort"] == "metrics"
-    assert ports["http"]["targetPort"] == "http"
+    services = {m["metadata"]["name"]: m for m in rendered.manifests if m["kind"] == "Service"}
+    assert [p["name"] for p in services["resnet"]["spec"]["ports"]] == ["http"]
+    assert services["resnet"]["spec"]["ports"][0]["targetPort"] == "http"
+    (metrics,) = services["resnet-metrics"]["spec"]["ports"]
+    assert (metrics["name"], metrics["port"], metrics["targetPort"]) == ("metrics", 9091, "metrics")
     (endpoint,) = kinds["ServiceMonitor"]["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
 
@@ -269,11 +273,13 @@ def test_scale_down_windows_add_up_to_the_spec(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["full", "minimal", "promtriggers"])
 def test_only_fields_keda_uses_with_min_replicas_at_least_one(name: str) -> None:
-    """KEDA's webhook warns that pollingInterval and cooldownPeriod are irrelevant when
-    minReplicaCount >= 1 (kedacore/keda#7271): they are not rendered then."""
+    """KEDA's webhook warns that cooldownPeriod is irrelevant when minReplicaCount >= 1 and that
+    pollingInterval is unless useCachedMetrics is on (kedacore/keda#7271): no cooldownPeriod, and
+    pollingInterval only with useCachedMetrics on every trigger (issue 23: the interval is live)."""
     so = _by_kind(_render_case(name).manifests)["ScaledObject"]["spec"]
     assert so["minReplicaCount"] >= 1
-    assert "pollingInterval" not in so and "cooldownPeriod" not in so
+    assert "cooldownPeriod" not in so
+    assert "pollingInterval" in so and all(t.get("useCachedMetrics") is True for t in so["triggers"])
 
 
 def test_keda_engine_scaler_alone_paces_the_scale_down() -> None:
@@ -335,7 +341,7 @@ def test_prometheus_engine_triggers() -> None:
 def test_optional_children_follow_cluster_capabilities() -> None:
     bare = Environment(keda=False, service_monitor=False)
     kinds = [m["kind"] for m in _render_case("minimal", env=bare).manifests]
-    assert kinds == ["ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget"]
+    assert kinds == ["ConfigMap", "Secret", "Deployment", "Service", "Service", "PodDisruptionBudget"]
     fixed = _render_case("fixed")
     assert ("keda.sh/v1alpha1", "ScaledObject") in fixed.absent
     assert ("monitoring.coreos.com/v1", "ServiceMonitor") in fixed.absent
