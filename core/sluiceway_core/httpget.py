@@ -32,11 +32,18 @@ class FetchTimeout(FetchError):
 
 
 def http_get(
-    url: str, timeout: float, max_bytes: int, headers: Mapping[str, str] | None = None
+    url: str,
+    timeout: float,
+    max_bytes: int,
+    headers: Mapping[str, str] | None = None,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[int, bytes]:
     """``(status, body)`` of one GET. Raises :class:`FetchTimeout` after ``timeout`` seconds in all,
     :class:`FetchError` for any other failure or a body longer than ``max_bytes``. ``headers`` are
-    sent as given (after the defaults, which they may override).
+    sent as given (after the defaults, which they may override); their values never appear in an
+    error. ``ssl_context`` (https only): a CA other than the system's, a client certificate; default
+    the system's trust store.
 
     Concurrency: blocking; safe to call from any number of threads (nothing is shared between calls).
     """
@@ -44,7 +51,9 @@ def http_get(
     host = u.hostname or ""
     conn: http.client.HTTPConnection
     if u.scheme == "https":
-        conn = http.client.HTTPSConnection(host, u.port, timeout=timeout, context=ssl.create_default_context())
+        conn = http.client.HTTPSConnection(
+            host, u.port, timeout=timeout, context=ssl_context or ssl.create_default_context()
+        )
     else:
         conn = http.client.HTTPConnection(host, u.port, timeout=timeout)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")

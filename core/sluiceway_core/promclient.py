@@ -6,6 +6,12 @@ GET through :func:`sluiceway_core.httpget.http_get` (hard deadline over the whol
 capped at ``max_bytes``, no proxies, no redirects). The address must be on the caller's
 :class:`~sluiceway_core.urls.UrlAllowList`, checked before any connection is made.
 
+**Credentials.** ``auth`` (:class:`~sluiceway_core.promauth.PromAuth`, loaded with
+:func:`~sluiceway_core.promauth.load_prom_auth`) gives an allowed address its bearer token or basic
+auth, custom headers (``X-Scope-OrgID``) and TLS settings (CA, client certificate). The secret
+files are read for each query; their content never reaches a message. 401/403 answers say the
+credentials were refused.
+
 **No echo.** An address may come from an object its author writes; whatever answers there is not
 Prometheus' to vouch for. Error messages name the address and the kind of failure (connection, HTTP
 status code, not JSON, wrong shape) and never include the answer's bytes, so nothing read from an
@@ -22,6 +28,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sluiceway_core.httpget import FetchError, FetchTimeout, http_get
+from sluiceway_core.promauth import PromAuth, PromAuthError
 from sluiceway_core.urls import UrlAllowList
 
 __all__ = [
@@ -65,8 +72,11 @@ def instant_query(
     timeout: float,
     max_bytes: int = MAX_ANSWER_BYTES,
     headers: Mapping[str, str] | None = None,
+    auth: PromAuth | None = None,
 ) -> list[dict[str, Any]]:
     """The ``data.result`` list of one instant query (each item a dict with ``metric`` and ``value``).
+    ``headers`` are sent as given; ``auth``'s entry for ``address`` (if any) adds its credentials,
+    headers and TLS context on top.
 
     Raises :class:`PromAddressNotAllowed` (before any connection), :class:`PromUnavailable`
     (:class:`PromTimeout` for the deadline) or :class:`PromGarbage`.
@@ -75,12 +85,25 @@ def instant_query(
         raise PromAddressNotAllowed(f"Prometheus address is not on the allow-list (it allows {allow.describe()})")
     url = f"{address.rstrip('/')}/api/v1/query?{urlencode({'query': promql})}"
     where = f"Prometheus at {address}"
+    sent = dict(headers or {})
+    context = None
+    creds = auth.for_url(address) if auth is not None else None
+    if creds is not None:
+        try:
+            extra, context = creds.request()
+        except PromAuthError as e:
+            raise PromUnavailable(f"{where}: credentials unavailable: {e}") from None
+        sent.update(extra)
     try:
-        status, body = http_get(url, timeout, max_bytes, headers)
+        status, body = http_get(url, timeout, max_bytes, sent, ssl_context=context)
     except FetchTimeout as e:
         raise PromTimeout(f"{where}: no complete answer within {timeout:g}s") from e
     except FetchError as e:
         raise PromUnavailable(f"{where}: {type(e.__cause__ or e).__name__}") from e
+    if status in (401, 403):
+        sent_auth = any(k.lower() == "authorization" for k in sent)
+        how = "refused the credentials" if sent_auth else "wants credentials (no bearer token or basic auth for it)"
+        raise PromUnavailable(f"{where}: HTTP {status}: Prometheus {how}")
     if status != 200:
         raise PromUnavailable(f"{where}: HTTP {status}")
     try:

@@ -7,7 +7,10 @@ stops the server with a grace period.
 Security flags (docs/autoscaling.md): ``--allowed-prometheus URL`` and ``--allowed-pod-metrics URL``
 (repeatable; with none, every address is refused), ``--tls-cert``/``--tls-key`` (TLS) and
 ``--tls-ca`` (mutual TLS: clients must present a certificate signed by it), ``--quota-key-file`` (the
-key that signs the operator's quota charters; read once at start, its content never logged).
+key that signs the operator's quota charters; read once at start, its content never logged),
+``--prometheus-auth-file`` (credentials per Prometheus URL: bearer token, basic auth, TLS client
+certificate, CA, custom headers; the format of :mod:`sluiceway_core.promauth`, which the operator
+reads from ``SLUICEWAY_PROMETHEUS_AUTH_FILE``; checked at start, secrets never logged).
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
+from sluiceway_core.promauth import PromAuthError, load_prom_auth
 from sluiceway_core.quota_charter import load_key
+from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.access import AllowList
+from sluiceway_scaler.logs import FORMATS, configure_logging
 from sluiceway_scaler.metrics import ScalerMetrics
+from sluiceway_scaler.prom import PrometheusSource
 from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
 from sluiceway_scaler.service import MAX_ENTRIES, ExternalScalerService, TlsFiles, serve
 
@@ -44,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"trigger identities whose state is kept; new ones past it are refused (default {MAX_ENTRIES})")
     s.add_argument("--grace", type=float, default=5.0, help="seconds to finish calls on shutdown")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", default="plain", choices=FORMATS,
+                   help="plain: 'time level logger: message'; json: one object per line with time, level, "
+                        "logger, message (and exception) (default plain; chart: logFormat)")
     s.add_argument("--quota-port", type=int, default=-1,
                    help="serve the tenant-quota lease coordinator (HTTP) on this port (-1 disables; 0 picks one)")
     s.add_argument("--quota-lease-seconds", type=float, default=3.0, help="quota lease period (default 3)")
@@ -55,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
                         "exact match after normalising; with none, every address is refused)")
     s.add_argument("--allowed-pod-metrics", action="append", default=[], metavar="URL",
                    help="a pod /metrics URL triggers may name in podMetricsUrls (repeatable; default none)")
+    s.add_argument(
+        "--prometheus-auth-file",
+        type=Path,
+        metavar="FILE",
+        help="credentials per Prometheus base URL (YAML/JSON: bearerTokenFile, basicAuth, tls "
+        "caFile/certFile/keyFile, headers such as X-Scope-OrgID; docs/install.md); secrets are "
+        "read from the files it names, never logged (chart: prometheusAuth)",
+    )
     s.add_argument("--tls-cert", type=Path, help="PEM server certificate: serve gRPC over TLS")
     s.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
     s.add_argument("--tls-ca", type=Path,
@@ -74,8 +92,7 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    configure_logging(args.log_level, args.log_format)
     if not 0 <= args.port <= 65535 or args.workers < 1 or args.max_triggers < 1:
         print("error: --port must be within 0..65535, --workers and --max-triggers >= 1", file=sys.stderr)
         return 2
@@ -83,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         allowed = AllowList.build(args.allowed_prometheus, args.allowed_pod_metrics)
         tls = _tls(args)
         quota_key = load_key(args.quota_key_file) if args.quota_key_file is not None else None
-    except ValueError as e:
+        auth = load_prom_auth(args.prometheus_auth_file) if args.prometheus_auth_file is not None else None
+    except (ValueError, PromAuthError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     registry = CollectorRegistry()
     metrics = ScalerMetrics(registry)
-    service = ExternalScalerService(metrics, allowed=allowed, max_entries=args.max_triggers)
+    source = PrometheusSource(metrics, allow=UrlAllowList(allowed.prometheus), auth=auth)
+    service = ExternalScalerService(metrics, source, allowed=allowed, max_entries=args.max_triggers)
     try:
         server, port = serve(service, args.host, args.port, args.workers, tls=tls)
     except OSError as e:
@@ -102,14 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         coordinator = QuotaCoordinator(args.quota_lease_seconds, key=quota_key)
         _quota, qport, _ = serve_quota(coordinator, args.host, args.quota_port)
         print(f"sluiceway-scaler quota coordinator listening on {args.host}:{qport}", flush=True)
-    if not allowed.prometheus:
-        log.warning("no --allowed-prometheus: every trigger's prometheusAddress is refused")
-    log.info(
-        "gRPC over %s; allowed Prometheus: %s; allowed pod metrics: %s",
-        tls.mode if tls is not None else "plaintext (no --tls-cert)",
-        ", ".join(sorted(allowed.prometheus)) or "none",
-        ", ".join(sorted(allowed.pod_metrics)) or "none",
-    )
     done = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -118,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if not allowed.prometheus:
+        log.warning("no --allowed-prometheus: every trigger's prometheusAddress is refused")
+    log.info(
+        "gRPC over %s; allowed Prometheus: %s; allowed pod metrics: %s",
+        tls.mode if tls is not None else "plaintext (no --tls-cert)",
+        ", ".join(sorted(allowed.prometheus)) or "none",
+        ", ".join(sorted(allowed.pod_metrics)) or "none",
+    )
+    if auth is not None:
+        log.info("Prometheus credentials: %s", auth.describe())
     done.wait()
     service.stop()
     server.stop(args.grace).wait()

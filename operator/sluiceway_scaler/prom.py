@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluiceway_core.policy import Signals
+from sluiceway_core.promauth import PromAuth
 from sluiceway_core.promclient import MAX_ANSWER_BYTES, PromError, PromGarbage, instant_query
 from sluiceway_core.signals import Queries
 from sluiceway_core.urls import UrlAllowList
@@ -51,9 +52,15 @@ class ServiceStats:
 
 
 class PrometheusSource:
-    def __init__(self, metrics: ScalerMetrics | None = None, *, allow: UrlAllowList) -> None:
+    """``auth``: credentials per Prometheus base URL (``--prometheus-auth-file``,
+    :mod:`sluiceway_core.promauth`); an allowed address without an entry is called without any."""
+
+    def __init__(
+        self, metrics: ScalerMetrics | None = None, *, allow: UrlAllowList, auth: PromAuth | None = None
+    ) -> None:
         self._metrics = metrics
         self._allow = allow
+        self._auth = auth
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:
@@ -68,7 +75,9 @@ class PrometheusSource:
         value that is not a number). NaN and +-Inf come back as they are; the caller decides.
         """
         try:
-            result = instant_query(address, query, allow=self._allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
+            result = instant_query(
+                address, query, allow=self._allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES, auth=self._auth
+            )
         except PromGarbage as e:
             self._count("error")
             raise SourceGarbage(str(e)) from e

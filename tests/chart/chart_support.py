@@ -36,6 +36,13 @@ ALL_ON: dict[str, Any] = {
         "dashboard": {"enabled": True},
     },
     "networkPolicy": {"enabled": True},
+    "prometheusAuth": [
+        {
+            "url": "https://thanos.example:10902",
+            "bearerToken": {"secretName": "thanos-reader"},
+            "headers": {"X-Scope-OrgID": "team-a"},
+        }
+    ],
 }
 
 

@@ -99,3 +99,102 @@ here. Call with (list $policy "key" (list default...)).
 {{- $key := index . 1 }}
 {{- if hasKey $p $key }}{{ join "," (index $p $key) }}{{ else }}{{ join "," (index . 2) }}{{ end }}
 {{- end }}
+
+{{/*
+Prometheus credentials (prometheusAuth): the file of sluiceway_core.promauth that the scaler reads
+(--prometheus-auth-file) and the operator reads (SLUICEWAY_PROMETHEUS_AUTH_FILE), rendered into the
+ConfigMap sluiceway-prometheus-auth. It holds only paths: each Secret it names is mounted read-only
+at <promAuthDir>/secrets/<secretName> in both pods. Empty output: no credentials configured.
+*/}}
+{{- define "sluiceway.promAuthDir" -}}
+/etc/sluiceway/prometheus-auth
+{{- end }}
+
+{{- define "sluiceway.promAuthFile" -}}
+{{ include "sluiceway.promAuthDir" . }}/config/auth.json
+{{- end }}
+
+{{- define "sluiceway.promAuthDoc" -}}
+{{- $root := printf "%s/secrets" (include "sluiceway.promAuthDir" .) }}
+{{- $entries := list }}
+{{- range $i, $a := (.Values.prometheusAuth | default list) }}
+{{- $e := dict "url" $a.url }}
+{{- with $a.bearerToken }}
+{{- $_ := set $e "bearerTokenFile" (printf "%s/%s/%s" $root .secretName (.key | default "token")) }}
+{{- end }}
+{{- with $a.basicAuth }}
+{{- $b := dict "passwordFile" (printf "%s/%s/%s" $root .secretName (.passwordKey | default "password")) }}
+{{- if .usernameKey }}
+{{- $_ := set $b "usernameFile" (printf "%s/%s/%s" $root .secretName .usernameKey) }}
+{{- else if .username }}
+{{- $_ := set $b "username" .username }}
+{{- else }}
+{{- fail (printf "prometheusAuth[%d].basicAuth: set username, or usernameKey (a key of Secret %s)" $i .secretName) }}
+{{- end }}
+{{- $_ := set $e "basicAuth" $b }}
+{{- end }}
+{{- with $a.tls }}
+{{- $t := dict }}
+{{- if .caKey }}
+{{- $_ := set $t "caFile" (printf "%s/%s/%s" $root .secretName .caKey) }}
+{{- end }}
+{{- if .certKey }}
+{{- $_ := set $t "certFile" (printf "%s/%s/%s" $root .secretName .certKey) }}
+{{- $_ := set $t "keyFile" (printf "%s/%s/%s" $root .secretName (.keyKey | default "tls.key")) }}
+{{- end }}
+{{- $_ := set $e "tls" $t }}
+{{- end }}
+{{- with $a.headers }}
+{{- $_ := set $e "headers" . }}
+{{- end }}
+{{- $entries = append $entries $e }}
+{{- end }}
+{{- if $entries }}{{ dict "prometheus" $entries | toJson }}{{ end }}
+{{- end }}
+
+{{/* The Secrets prometheusAuth names, once each (JSON list). */}}
+{{- define "sluiceway.promAuthSecrets" -}}
+{{- $names := list }}
+{{- range (.Values.prometheusAuth | default list) }}
+{{- with .bearerToken }}{{ $names = append $names .secretName }}{{ end }}
+{{- with .basicAuth }}{{ $names = append $names .secretName }}{{ end }}
+{{- with .tls }}{{ $names = append $names .secretName }}{{ end }}
+{{- end }}
+{{- $names | uniq | toJson }}
+{{- end }}
+
+{{/* volumeMounts of the Prometheus credentials (the same in the operator and the scaler). */}}
+{{- define "sluiceway.promAuthMounts" -}}
+{{- if include "sluiceway.promAuthDoc" . }}
+- {name: prom-auth-config, mountPath: {{ include "sluiceway.promAuthDir" . }}/config, readOnly: true}
+{{- range $i, $name := include "sluiceway.promAuthSecrets" . | fromJsonArray }}
+- {name: prom-auth-{{ $i }}, mountPath: {{ include "sluiceway.promAuthDir" $ }}/secrets/{{ $name }}, readOnly: true}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* volumes of the Prometheus credentials. */}}
+{{- define "sluiceway.promAuthVolumes" -}}
+{{- if include "sluiceway.promAuthDoc" . }}
+- name: prom-auth-config
+  configMap:
+    name: sluiceway-prometheus-auth
+{{- range $i, $name := include "sluiceway.promAuthSecrets" . | fromJsonArray }}
+- name: prom-auth-{{ $i }}
+  secret:
+    secretName: {{ $name }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations: the values' plus a hash of the credentials file, so a change rolls the pods. */}}
+{{- define "sluiceway.podAnnotations" -}}
+{{- $ann := deepCopy (.annotations | default dict) }}
+{{- with include "sluiceway.promAuthDoc" .root }}
+{{- $_ := set $ann "sluiceway.io/prometheus-auth" (sha256sum . | trunc 16) }}
+{{- end }}
+{{- with $ann }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
