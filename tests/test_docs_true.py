@@ -46,24 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: (file, reference) named wrongly today, with the fix (files owned by others: the lead applies them)
 KNOWN_WRONG_PATHS: dict[tuple[str, str], str] = {
-    ("crds/inferenceservices.sluiceway.io.yaml", "tests/operator/test_chart.py"): (
-        "line 2: 'checked by tests/operator/test_chart.py' -> "
-        "'checked by tests/chart/test_chart_static.py::test_chart_crds_are_byte_identical_copies'"
-    ),
-    ("charts/sluiceway/crds/inferenceservices.sluiceway.io.yaml", "tests/operator/test_chart.py"): (
-        "the same line 2 (the file is a byte-for-byte copy of crds/): same fix, both files together"
-    ),
     ("docs/operator.md", "test_operator_chart.py"): (
         "'- `test_operator_chart.py`: CRD copy identical; `helm lint` / `helm template` ...' -> "
         "'- `tests/chart/test_chart_static.py` (CRD copies identical), `tests/chart/test_chart_helm.py` "
         "(`helm lint` / `helm template`) ...'"
-    ),
-    ("operator/sluiceway_operator/render.py", "tests/operator/test_render.py"): (
-        "module docstring line 4: tests/operator/test_render.py -> tests/operator/test_operator_render.py"
-    ),
-    ("operator/sluiceway_operator/spec.py", "tests/operator/test_spec.py"): (
-        "module docstring line 5: tests/operator/test_spec.py -> tests/operator/test_operator_spec.py "
-        "(test_model_defaults_equal_crd_defaults)"
     ),
     ("bench/scalesim/model.py", "tests/scalesim/test_calibration.py"): (
         "docstring line 12: tests/scalesim/test_calibration.py -> "
@@ -187,7 +173,7 @@ def dotted_exists(ref: str) -> bool:
 
 def references(source: str, text: str) -> Iterator[tuple[str, bool]]:
     """(reference as written, whether it exists) for every reference in ``text`` of file ``source``."""
-    test_names = {Path(f).name for f in _git_files() if f.startswith("tests/")}
+    test_names = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
     for m in _path_re().finditer(text):
         ref = m.group(1).rstrip(".")
         if ref in NOT_PATHS or _ignored(ref):
