@@ -176,9 +176,10 @@ def references(source: str, text: str) -> Iterator[tuple[str, bool]]:
     test_names = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
     for m in _path_re().finditer(text):
         ref = m.group(1).rstrip(".")
-        if ref in NOT_PATHS or _ignored(ref):
+        ok = path_exists(ref, (m.group(2) or "")[2:] or None)
+        if ref in NOT_PATHS or (not ok and _ignored(ref)):
             continue
-        yield ref + (m.group(2) or ""), path_exists(ref, (m.group(2) or "")[2:] or None)
+        yield ref + (m.group(2) or ""), ok
     for m in BARE_TEST_RE.finditer(text):
         yield m.group(1), m.group(1) in test_names
     for m in DOTTED_RE.finditer(text):
