@@ -133,6 +133,8 @@ class SignalsOutcome:
     builtin_note: str | None = None
     #: Requests answered 2xx per second over all pods, per tenant; None = not read.
     tenant_admitted: Mapping[str, float] | None = None
+    #: Whether Prometheus has the service's ``sluiceway_queue_depth`` series; None = not read.
+    series_found: bool | None = None
 
 
 @dataclass
@@ -147,6 +149,10 @@ class ObjectState:
     posted: tuple[str, str] | None = None
     #: The status last written (its conditions keep their lastTransitionTime).
     status: dict[str, Any] | None = None
+    #: Since when (``clock``) the signals path found no series while pods were ready.
+    series_missing_since: float | None = None
+    #: MetricsAvailable's status ("True"/"False") last posted as an Event.
+    metrics_posted: str | None = None
 
 
 def _now() -> str:
@@ -385,6 +391,7 @@ class Reconciler:
         prom_url = spec.autoscaling.prometheus_address or self.config.prometheus_url
         readings: dict[str, float | None] = {}
         prom_error: str | None = None
+        series_found: bool | None = None
         allow = self.config.prometheus_allow_list
         # One deadline for the whole pass (up to ten queries), so a server that answers each query
         # just inside its own timeout still cannot hold this worker (and the object's lock) longer.
@@ -423,6 +430,8 @@ class Reconciler:
                     }
             except PrometheusError as err:  # its message never holds the answer's bytes
                 prom_error = str(err)
+            if prom_error is None:
+                series_found = readings.get("queue") is not None
             if prom_error is None and spec.autoscaling.engine == "builtin" and readings.get("queue") is None:
                 prom_error = "no sluiceway_queue_depth series for this InferenceService in Prometheus"
         admitted: dict[str, float] | None = None
@@ -450,6 +459,7 @@ class Reconciler:
             memory_bound_permits=readings.get("memory_bound"),
             builtin_note=note,
             tenant_admitted=admitted,
+            series_found=series_found,
         )
 
     def _builtin(
@@ -510,6 +520,14 @@ class Reconciler:
             if scaled_object is not None and not controlled_by(scaled_object, uid):
                 scaled_object = None
         sig = st.signals
+        ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        if sig is None or sig.series_found is None:
+            pass  # not read: the clock of the missing series neither starts nor stops
+        elif sig.series_found or ready == 0:
+            st.series_missing_since = None
+        elif st.series_missing_since is None:
+            st.series_missing_since = self.clock()
+        missing = None if st.series_missing_since is None else self.clock() - st.series_missing_since
         observed = Observed(
             generation=applied.generation,
             endpoint=endpoint_url(Owner(name, namespace, uid)),
@@ -533,12 +551,15 @@ class Reconciler:
             default_quota=applied.default_quota,
             quota_scope=applied.quota_scope,
             tenant_admitted=sig.tenant_admitted if sig else None,
+            series_found=sig.series_found if sig else None,
+            series_missing_seconds=missing,
         )
         previous = (st.status or body.get("status") or {}).get("conditions")
         status = compute_status(observed, previous, _now())
         if status != st.status:
             self.kube.patch_status(namespace, name, status)
             st.status = status
+        self._post_metrics_transition(body, st, previous, status)
         problem = applied.config_error
         if problem is not None and problem != st.posted:
             old = next(
@@ -554,3 +575,37 @@ class Reconciler:
                 self.kube.post_event(body, "Warning", problem[0], problem[1])
                 log.warning("%s/%s ConfigValid=False (%s): %s", namespace, name, problem[0], problem[1])
         st.posted = problem
+
+    def _post_metrics_transition(
+        self,
+        body: Mapping[str, Any],
+        st: ObjectState,
+        previous: Any,
+        status: Mapping[str, Any],
+    ) -> None:
+        """One Event per MetricsAvailable transition between True and False (Warning when the series
+        went missing, Normal when they came); none for Unknown, none again after a restart for a
+        status the object already shows. Lock held."""
+        cond = next((c for c in status.get("conditions") or [] if c.get("type") == "MetricsAvailable"), None)
+        if cond is None or cond["status"] not in ("True", "False"):
+            return
+        if st.metrics_posted is None:  # this process has posted nothing: what did the object show?
+            old = next((c for c in previous or [] if c.get("type") == "MetricsAvailable"), None)
+            st.metrics_posted = old.get("status") if old is not None else None
+        now = cond["status"]
+        if now == st.metrics_posted:
+            return
+        if now == "False" or st.metrics_posted == "False":
+            meta = body["metadata"]
+            kind = "Warning" if now == "False" else "Normal"
+            self.kube.post_event(body, kind, cond["reason"], cond["message"])
+            log.log(
+                logging.WARNING if now == "False" else logging.INFO,
+                "%s/%s MetricsAvailable=%s (%s): %s",
+                meta["namespace"],
+                meta["name"],
+                now,
+                cond["reason"],
+                cond["message"],
+            )
+        st.metrics_posted = now

@@ -1,7 +1,8 @@
 """Pure status computation: what was observed -> the ``status`` of an InferenceService.
 
 Follows the API conventions: ``observedGeneration`` plus ``conditions[]`` (Ready, ConfigValid,
-Available, AutoscalingReady), each with a CamelCase reason and a message; no ``phase``. A condition's
+Available, AutoscalingReady, and MetricsAvailable, which Ready does not include), each with a
+CamelCase reason and a message; no ``phase``. A condition's
 ``lastTransitionTime`` only changes when its status changes. No I/O, no clock (``now`` is passed).
 """
 
@@ -11,7 +12,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Cond", "Observed", "TenantQuota", "compute_status", "format_rate", "format_wait", "merge_conditions"]
+__all__ = [
+    "METRICS_MISSING_SECONDS",
+    "Cond",
+    "Observed",
+    "TenantQuota",
+    "compute_status",
+    "format_rate",
+    "format_wait",
+    "merge_conditions",
+]
+
+
+#: How long the signals path may find no series while pods are ready before MetricsAvailable=False.
+METRICS_MISSING_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,10 @@ class Observed:
     quota_scope: str | None = None
     #: Requests answered 2xx per second over all pods, per tenant label (Prometheus); None = unknown.
     tenant_admitted: Mapping[str, float] | None = None
+    #: Whether Prometheus has this service's series (``sluiceway_queue_depth``); None = not read.
+    series_found: bool | None = None
+    #: Seconds the series have been missing while pods were ready; None = not missing.
+    series_missing_seconds: float | None = None
 
 
 def format_wait(seconds: float) -> str:
@@ -179,6 +197,37 @@ def _autoscaling(o: Observed) -> Cond:
     )
 
 
+def _metrics_available(o: Observed) -> Cond:
+    """Whether Prometheus has this service's series: False once none came for
+    :data:`METRICS_MISSING_SECONDS` while pods were ready (a Prometheus that does not select the
+    ServiceMonitor: the autoscaler then holds, with nothing else to show why)."""
+    t = "MetricsAvailable"
+    if not o.prometheus_configured:
+        return Cond(t, "Unknown", "PrometheusNotConfigured", "no Prometheus to read (the operator's --prometheus-url)")
+    if not o.signals_read:
+        return Cond(t, "Unknown", "SignalsPending", "waiting for the first read of the signals")
+    if o.series_found is None:
+        error = o.prometheus_error or "not read"
+        return Cond(t, "Unknown", "PrometheusUnavailable", f"cannot read Prometheus: {error}")
+    if o.series_found:
+        return Cond(t, "True", "MetricsSeriesFound", "Prometheus has this InferenceService's series")
+    ready = int(((o.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+    if ready == 0:
+        return Cond(t, "Unknown", "NoReadyPods", "no series in Prometheus, and no ready pod to scrape yet")
+    missing = o.series_missing_seconds or 0.0
+    if missing >= METRICS_MISSING_SECONDS:
+        minutes = METRICS_MISSING_SECONDS / 60
+        return Cond(
+            t,
+            "False",
+            "NoMetricsSeries",
+            f"no series for this InferenceService in Prometheus for {minutes:g} minutes: is it scraped? "
+            f"({ready} pods ready; the ServiceMonitor needs the labels your Prometheus selects, e.g. release: "
+            "spec.monitoring.serviceMonitorLabels or the chart's operator.serviceMonitorLabels)",
+        )
+    return Cond(t, "Unknown", "SeriesPending", f"no series in Prometheus yet ({missing:.0f}s with pods ready)")
+
+
 def _ready(parts: Sequence[Cond]) -> Cond:
     for c in parts:
         if c.status == "False" or (c.status == "Unknown" and c.type != "AutoscalingReady"):
@@ -214,7 +263,7 @@ def compute_status(
 ) -> dict[str, Any]:
     """The full ``status`` to write (a merge patch of the status subresource)."""
     cv, av, au = _config_valid(o), _available(o), _autoscaling(o)
-    conds = [_ready([cv, av, au]), cv, av, au]
+    conds = [_ready([cv, av, au]), cv, av, au, _metrics_available(o)]
     dstatus = (o.deployment or {}).get("status") or {}
     concurrency = str(round(o.live_permits)) if o.live_permits is not None else str(o.spec_permits)
     status: dict[str, Any] = {

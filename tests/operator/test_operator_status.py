@@ -41,6 +41,7 @@ def test_all_good_is_ready() -> None:
         "ConfigValid": ("True", "ConfigRendered"),
         "Available": ("True", "MinimumReplicasAvailable"),
         "AutoscalingReady": ("True", "AutoscalingDisabled"),
+        "MetricsAvailable": ("Unknown", "PrometheusNotConfigured"),  # not part of Ready
     }
     assert (st["observedGeneration"], st["replicas"], st["readyReplicas"]) == (3, 2, 2)
     assert st["queueDepth"] is None and st["waitP95"] is None  # merge patch removes stale values
@@ -78,7 +79,13 @@ def test_transition_time_kept_until_status_changes() -> None:
         _obs(config_error=("InvalidSpec", "x"), deployment=AVAILABLE_DEP), second["conditions"], "T2"
     )
     times = {c["type"]: c["lastTransitionTime"] for c in third["conditions"]}
-    assert times == {"Ready": "T2", "ConfigValid": "T2", "Available": "T0", "AutoscalingReady": "T0"}
+    assert times == {
+        "Ready": "T2",
+        "ConfigValid": "T2",
+        "Available": "T0",
+        "AutoscalingReady": "T0",
+        "MetricsAvailable": "T0",
+    }
 
 
 def test_prometheus_readings() -> None:
@@ -118,3 +125,21 @@ def test_the_crd_status_schema_has_every_field_the_operator_writes() -> None:
         "T0",
     )
     assert set(st) <= set(props), set(st) - set(props)
+
+
+def test_metrics_available_turns_false_after_two_minutes_with_ready_pods() -> None:
+    """Issue 23: no series for METRICS_MISSING_SECONDS while pods are ready -> False with a reason
+    that asks whether the service is scraped; Ready does not depend on it (the real Prometheus:
+    test_operator_metrics_available.py)."""
+    base = {"deployment": AVAILABLE_DEP, "prometheus_configured": True, "series_found": False}
+    pending = _conds(compute_status(_obs(**base, series_missing_seconds=119.0), None, "T"))
+    assert pending["MetricsAvailable"] == ("Unknown", "SeriesPending")
+    st = compute_status(_obs(**base, series_missing_seconds=120.0), None, "T")
+    assert _conds(st)["MetricsAvailable"] == ("False", "NoMetricsSeries")
+    assert _conds(st)["Ready"] == ("True", "Ready")
+    msg = next(c["message"] for c in st["conditions"] if c["type"] == "MetricsAvailable")
+    assert msg.startswith("no series for this InferenceService in Prometheus for 2 minutes: is it scraped?")
+    found = compute_status(_obs(**{**base, "series_found": True}), None, "T")
+    assert _conds(found)["MetricsAvailable"] == ("True", "MetricsSeriesFound")
+    unread = compute_status(_obs(**{**base, "series_found": None}, prometheus_error="timeout"), None, "T")
+    assert _conds(unread)["MetricsAvailable"] == ("Unknown", "PrometheusUnavailable")
