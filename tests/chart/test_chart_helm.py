@@ -473,13 +473,13 @@ def test_scaler_tls_gives_keda_its_client_certificate(
 
 def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]], all_on: list[dict[str, Any]]) -> None:
     # No Prometheus configured: no allow-list flag (the scaler's own default applies); mutual TLS on.
-    bounds = ["--workers", "64", "--max-triggers", "4096"]
+    bounds = ["--workers", "64", "--max-triggers", "4096", "--log-format", "plain"]
     mtls = ["--tls-cert", "/etc/sluiceway/tls/tls.crt", "--tls-key", "/etc/sluiceway/tls/tls.key",
             "--tls-ca", "/etc/sluiceway/tls/ca.crt"]
     assert _args(defaults) == ["serve", "--port", "9090", "--metrics-port", "9091", *bounds, *mtls]
     # The chart's Prometheus is the default allow-list.
     only_url = template(helm, home, {"operator": {"prometheusUrl": "http://prom.mon.svc:9090"}})
-    assert _args(only_url)[9:-6] == ["--allowed-prometheus", "http://prom.mon.svc:9090"]
+    assert _args(only_url)[11:-6] == ["--allowed-prometheus", "http://prom.mon.svc:9090"]
     # An explicit list adds to it (once each).
     both = template(
         helm,
@@ -489,7 +489,7 @@ def test_scaler_arguments(helm: str, home: Path, defaults: list[dict[str, Any]],
             "scaler": {"allowedPrometheusUrls": ["http://b:9090"]},
         },
     )
-    assert _args(both)[9:-6] == [
+    assert _args(both)[11:-6] == [
         "--allowed-prometheus",
         "http://prom.mon.svc:9090",
         "--allowed-prometheus",
@@ -656,3 +656,32 @@ def test_template_guards_hold_without_the_schema(helm: str, home: Path) -> None:
         out = run_helm(helm, home, "template", "sw", str(CHART), "--skip-schema-validation", *args)
         assert out.returncode != 0
         assert message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "scaler", "operator"),
+    [
+        (None, "plain", "plain"),
+        ({"logFormat": "json"}, "json", "json"),
+        ({"logFormat": "json", "operator": {"logFormat": "full"}}, "json", "full"),
+        ({"operator": {"logFormat": "json"}}, "plain", "json"),
+    ],
+)
+def test_log_format_reaches_the_scaler_and_the_operator(
+    helm: str, home: Path, values: dict[str, Any] | None, scaler: str, operator: str
+) -> None:
+    """``logFormat`` (plain | json) is the scaler's ``--log-format`` and the operator's
+    ``SLUICEWAY_LOG_FORMAT``; ``operator.logFormat`` (plain | full | json) overrides it for the operator."""
+    docs = template(helm, home, values)
+    args = _args(docs)
+    assert args[args.index("--log-format") + 1] == scaler
+    from sluiceway_scaler.cli import _parser
+
+    assert _parser().parse_args(args).log_format == scaler
+    env = _env(find(docs, "Deployment", "sluiceway-operator"))
+    assert env["SLUICEWAY_LOG_FORMAT"] == operator
+
+
+def test_a_bad_log_format_is_refused_by_the_schema(helm: str, home: Path) -> None:
+    out = run_helm(helm, home, "template", "sw", str(CHART), "--set", "logFormat=full")
+    assert out.returncode != 0 and "logFormat" in out.stderr, out.stderr

@@ -186,7 +186,7 @@ def test_schema_and_values_name_the_same_keys() -> None:
         ({"operator": {"namespace": ["a"]}}, "'namespace' was unexpected"),
         ({"scaler": {"port": "9090"}}, "'9090' is not of type 'integer'"),
         ({"scaler": {"allowedPrometheusUrls": "http://p:9090"}}, "is not of type 'array'"),
-        ({"operator": {"logFormat": "xml"}}, "'xml' is not one of ['plain', 'full', 'json']"),
+        ({"operator": {"logFormat": "xml"}}, "'xml' is not one of ['', 'plain', 'full', 'json']"),
         ({"image": {"digest": "latest"}}, "does not match"),
         ({"operator": {"prometheusUrl": "prometheus:9090"}}, "is not valid under any of the given schemas"),
         ({"scaler": {"tls": {"enabled": "yes"}}}, "'yes' is not of type 'boolean'"),
