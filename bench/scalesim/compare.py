@@ -28,6 +28,7 @@ from .controllers import (
     Kpa,
     Oracle,
     OursBuiltin,
+    OursGateway,
     OursKeda,
     RayServe,
     default_spec,
@@ -43,7 +44,7 @@ __all__ = ["EXTRA", "PEERS", "POLICIES", "build_policies", "compare", "main", "p
 #: The fair peers: each configured as its own documentation and source describe it.
 PEERS = ("keda-concurrency", "keda-rate", "hpa-utilisation", "knative-kpa", "ray-serve")
 #: The default table: ours (both engines, and the policy before issue 21), the fair peers, the oracle.
-POLICIES = ("ours-keda", "ours-builtin", "ours-keda-before", *PEERS, "oracle")
+POLICIES = ("ours-keda", "ours-builtin", "ours-gateway", "ours-keda-before", *PEERS, "oracle")
 #: Also runnable: variants of ours and the queue-only KEDA trigger.
 EXTRA = ("ours-keda-029d718", "ours-keda-hpa-paced", "ours-keda-predictive", "ours-keda-podpoll", "keda-queue")
 
@@ -52,8 +53,8 @@ def build_policies(
     names: Sequence[str], model: ServiceModel, rate: np.ndarray, max_replicas: int
 ) -> list[Controller]:
     spec = default_spec(max_replicas)
-    before = replace(spec, sustained_demand=False)
-    old = replace(spec_at_029d718(max_replicas), sustained_demand=False)
+    before = replace(spec, sustained_demand=False, burst_utilisation=None)
+    old = replace(spec_at_029d718(max_replicas), sustained_demand=False, burst_utilisation=None)
     per_replica = 0.8  # every KEDA peer's threshold: 80 % of what one replica carries
     predictive = replace(spec, predict_seconds=model.startup.mean)
     makers: dict[str, Callable[[], Controller]] = {
@@ -71,6 +72,8 @@ def build_policies(
             before, rendered_behavior(before, windows_add_up=True), name="ours-keda-before"
         ),
         "ours-builtin": lambda: OursBuiltin(spec),
+        # needs the gateway (issues 19/20) deployed: its exact counts, the builtin engine every 2 s
+        "ours-gateway": lambda: OursGateway(spec),
         # not the product yet: the scaler reads the requests in the pods from the pods themselves
         # (podMetricsUrls) and the HPA leaves the scale-up pace to the scaler (docs/scalesim.md)
         "ours-keda-podpoll": lambda: OursKeda(

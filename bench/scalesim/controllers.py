@@ -54,6 +54,7 @@ __all__ = [
     "Kpa",
     "Oracle",
     "OursBuiltin",
+    "OursGateway",
     "OursKeda",
     "RayServe",
     "default_spec",
@@ -224,6 +225,37 @@ class OursBuiltin:
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         current = pool.target if self._last is None else self._last
         signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls)
+        d = desired_replicas(signals, self.spec, current, self._history, float(t))
+        self._history = d.history
+        self._last = d.replicas
+        return d.replicas
+
+
+@dataclass
+class OursGateway:
+    """Ours with the gateway of issues 19/20 deployed: the operator's builtin engine deciding every
+    ``interval`` seconds (``--signals-interval 2s``, the KPA's tick) and writing ``spec.replicas``;
+    the requests in the pods and the offered rate are the gateway's exact counts (the last second,
+    and the last ``gateway_window`` seconds), the other signals Prometheus' as for ``ours-builtin``.
+    Not the product today: it needs the gateway deployed and the engine reading its counts."""
+
+    spec: ScalingSpec
+    interval: int = 2
+    name: str = "ours-gateway"
+    rate_window: int = 120
+    gateway_window: int = 10
+    _history: ScaleHistory = field(default_factory=ScaleHistory)
+    _last: int | None = None
+
+    def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
+        current = pool.target if self._last is None else self._last
+        signals = _signals(t, prom, False, self.rate_window)
+        if signals.ok:
+            signals = replace(
+                signals,
+                requests_in_pods=prom.gateway_in_pods(t),
+                offered_rate=prom.gateway_offered(t, self.gateway_window),
+            )
         d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas

@@ -93,6 +93,21 @@ class Prometheus:
         share = 1.0 - self.scrape_failure
         return float(self.rec.queue[s] + self.rec.in_service[s]) * share
 
+    def gateway_in_pods(self, t: int) -> float | None:
+        """Requests in the pods, running and queued, as the gateway (issue 19/20) counts them: it
+        forwards every request and sees every answer, so the count is exact and current (the last
+        whole second), with no scrape and no scrape failures."""
+        if t <= 0:
+            return None
+        return float(self.rec.queue[t - 1] + self.rec.in_service[t - 1])
+
+    def gateway_offered(self, t: int, window: int) -> float | None:
+        """Requests offered per second over the last ``window`` whole seconds, counted by the gateway
+        (every request passes it, answered or refused)."""
+        if t <= 0:
+            return None
+        return float(self.rec.arrived[max(0, t - window) : t].mean())
+
     def total_concurrency(self, t: int, window: int) -> float | None:
         """Mean over the last ``window`` seconds of the requests in all pods (running + queued):
         Knative's collector (1-s scrapes of every pod scaled to the revision's total) and Ray

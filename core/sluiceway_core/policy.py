@@ -63,7 +63,7 @@ The rule, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "Decision",
@@ -152,6 +152,16 @@ class ScalingSpec:
     #: The demand term applies whenever it is measured, not only while requests are refused
     #: (issue 21). False: the rule before it.
     sustained_demand: bool = True
+    #: Burst headroom (issue 21): while the load has jumped recently (a recorded load
+    #: recommendation ``burst_rise`` above the lowest of the ``burst_span`` seconds before it, within
+    #: the last ``burst_memory`` seconds), the load terms size for this utilisation instead of
+    #: ``target_utilisation``: a load that steps is given the room a step needs while the next pods
+    #: start (Knative's 70 % target, but only where the load has shown it jumps). None: off.
+    burst_utilisation: float | None = 0.7
+    burst_rise: float = 0.25
+    #: about the pods' start-up: a rise slower than this is met by scaling, not by headroom
+    burst_span: float = 180.0
+    burst_memory: float = 1200.0
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -168,6 +178,10 @@ class ScalingSpec:
             raise ValueError("target_wait_p95 must be > 0")
         if self.target_utilisation is not None and not 0 < self.target_utilisation <= 1:
             raise ValueError("target_utilisation must be within (0, 1]")
+        if self.burst_utilisation is not None and not 0 < self.burst_utilisation <= 1:
+            raise ValueError("burst_utilisation must be within (0, 1]")
+        if not self.burst_rise > 0 or not self.burst_span > 0 or not self.burst_memory > 0:
+            raise ValueError("burst_rise, burst_span and burst_memory must be > 0")
         if self.predict_seconds is not None and not self.predict_seconds > 0:
             raise ValueError("predict_seconds must be > 0")
         up, down = self.scale_up, self.scale_down
@@ -201,11 +215,13 @@ class ScaleHistory:
     """Recent recommendations and decisions, oldest first. Only entries the policy still needs."""
 
     entries: tuple[HistoryEntry, ...] = ()
+    #: when the recorded load last jumped (``ScalingSpec.burst_rise`` within ``burst_span``); None: not seen
+    jumped_at: float | None = None
 
-    def recorded(self, entry: HistoryEntry, keep_seconds: float) -> ScaleHistory:
+    def recorded(self, entry: HistoryEntry, keep_seconds: float, jumped_at: float | None = None) -> ScaleHistory:
         horizon = entry.at - keep_seconds
         kept = tuple(e for e in self.entries if e.at >= horizon)
-        return ScaleHistory((*kept, entry))
+        return ScaleHistory((*kept, entry), self.jumped_at if jumped_at is None else jumped_at)
 
 
 @dataclass(frozen=True)
@@ -338,6 +354,30 @@ def _released(history: ScaleHistory, down: ScaleDownPolicy, now: float, bounded:
     return max([bounded, *(e.recommendation for e in history.entries if e.at >= start)])
 
 
+def _bursting(history: ScaleHistory, spec: ScalingSpec, now: float) -> bool:
+    """Whether the burst headroom applies: on, a utilisation target below it, and a jump of the
+    recorded load within the last ``burst_memory`` seconds."""
+    if spec.burst_utilisation is None or spec.target_utilisation is None:
+        return False
+    if spec.burst_utilisation >= spec.target_utilisation or history.jumped_at is None:
+        return False
+    return now - history.jumped_at <= spec.burst_memory
+
+
+def _jumps(history: ScaleHistory, spec: ScalingSpec, now: float, recorded: int) -> bool:
+    """Whether the load recommendation recorded now is a jump: at least ``burst_rise`` (and two
+    pods, so that 1 <-> 2 at a trickle is no jump) above the lowest recorded in the
+    ``burst_span`` seconds before it."""
+    if spec.burst_utilisation is None or spec.target_utilisation is None:
+        return False
+    start = now - spec.burst_span
+    lows = [e.recommendation for e in history.entries if e.at >= start]
+    if not lows:
+        return False
+    low = min(lows)
+    return recorded >= low * (1 + spec.burst_rise) and recorded - low >= 2
+
+
 def desired_replicas(
     signals: Signals, spec: ScalingSpec, current: int, history: ScaleHistory, now: float
 ) -> Decision:
@@ -346,6 +386,8 @@ def desired_replicas(
         raise ValueError("current must be >= 0")
     down = spec.scale_down
     keep = max(down.stabilization_window, down.period)
+    if spec.burst_utilisation is not None:
+        keep = max(keep, spec.burst_span)
     release = _release_window(down)
     if release is not None:
         # one entry older than the release window must stay, to show the history spans it
@@ -356,7 +398,14 @@ def desired_replicas(
         entry = HistoryEntry(now, current, current)
         return Decision(current, f"held at {current}: {why}", current, True, history.recorded(entry, keep))
 
-    raw, why, demand, settled = _raw(signals, spec, current)
+    burst = _bursting(history, spec, now)
+    sized = spec
+    if burst:
+        assert spec.burst_utilisation is not None and spec.target_utilisation is not None
+        sized = replace(spec, target_utilisation=spec.burst_utilisation)
+    raw, why, demand, settled = _raw(signals, sized, current)
+    if burst:
+        why += f"; the load jumped at {history.jumped_at:g}s: sized for {spec.burst_utilisation:.2f} utilisation"
     bounded = min(spec.max_replicas, max(spec.min_replicas, raw))
     recorded = min(spec.max_replicas, max(spec.min_replicas, settled)) if spec.sustained_demand else bounded
     if bounded != raw:
@@ -428,4 +477,5 @@ def desired_replicas(
     if not lifted and replicas == current and history.entries and history.entries[-1].lifted:
         lifted = replicas > recorded  # still holding a lifted count
     entry = HistoryEntry(now, recorded, replicas, lifted)
-    return Decision(replicas, why, raw, False, history.recorded(entry, keep))
+    jumped = now if _jumps(history, spec, now, recorded) else None
+    return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped))

@@ -245,3 +245,33 @@ def test_requests_in_pods_are_exempt_from_the_ready_step_and_not_remembered() ->
     # not lifted: the pace holds as before
     paced = ScaleHistory(tuple(HistoryEntry(15.0 * i, 60, 138) for i in range(1, 21)))
     assert desired_replicas(calm, SPEC, 138, paced, 305.0).replicas == 137
+
+
+def test_a_load_that_jumped_is_sized_with_burst_headroom_for_the_memory() -> None:
+    """Issue 21, the stairs trace: after a step of the load (the recorded load recommendation 25 %
+    above the lowest of the last 180 s), the load terms size for 70 % utilisation, not 80 %, for
+    20 minutes: the next step finds room while its pods start (the KPA's 70 % target, only where
+    the load has shown that it jumps). A smooth load keeps 80 %."""
+    # 100 pods at 0.8 utilisation: the utilisation term asks for 100 (at 0.7: 115)
+    steady = Signals(queue_depth=0, utilisation=0.8, ready_replicas=100)
+    smooth = ScaleHistory(tuple(HistoryEntry(float(t), 95 + t // 60, 100) for t in range(0, 300, 15)))
+    d = desired_replicas(steady, SPEC, 100, smooth, 300.0)
+    assert d.replicas == 100 and d.history.jumped_at is None
+    # a step: 80 -> 100 within 180 s is a jump (25 %); recorded now
+    stepped = ScaleHistory(tuple(HistoryEntry(float(t), 80, 80) for t in range(0, 300, 15)))
+    d = desired_replicas(steady, SPEC, 100, stepped, 300.0)
+    assert d.replicas == 100 and d.history.jumped_at == 300.0  # sized at 0.8 this time
+    d2 = desired_replicas(steady, SPEC, 100, d.history, 315.0)
+    assert d2.replicas == 115, d2.reason  # 100 x 0.8 / 0.7 = 114.3 -> 115
+    assert "sized for 0.70 utilisation" in d2.reason
+    # the memory: 20 minutes after the jump the headroom goes (paced down as any drop)
+    late = ScaleHistory(d2.history.entries[-1:], jumped_at=300.0)
+    assert desired_replicas(steady, SPEC, 100, late, 300.0 + 1201).replicas == 100
+    # off, or 1 -> 2 pods at a trickle: no jump
+    off = replace(SPEC, burst_utilisation=None)
+    assert desired_replicas(steady, off, 100, stepped, 300.0).history.jumped_at is None
+    trickle = Signals(queue_depth=0, utilisation=0.8, ready_replicas=2)
+    ones = ScaleHistory(tuple(HistoryEntry(float(t), 1, 2) for t in range(0, 300, 15)))
+    assert desired_replicas(trickle, SPEC, 2, ones, 300.0).history.jumped_at is None
+    with pytest.raises(ValueError, match="burst_utilisation"):
+        replace(SPEC, burst_utilisation=1.5)

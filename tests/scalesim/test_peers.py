@@ -177,3 +177,44 @@ def test_scrape_failures_drop_pods_from_up_at_the_configured_rate() -> None:
     failing = _prom(15 * 1000, ready=10, query_failure=0.05)
     lost = sum(failing.queue_depth(15 * k + 1) is None for k in range(1, 999))
     assert 25 < lost < 80
+
+
+# ------------------------------------------------------------------------------ ours-gateway
+def test_gateway_counts_are_exact_and_current_where_prometheus_lags_and_misses_pods() -> None:
+    """The gateway (issues 19/20) forwards every request: its requests-in-the-pods count is the
+    last whole second's, with no scrape lag and no failed scrapes; its offered rate covers its own
+    short window. Prometheus' instant query sees the last 15 s scrape."""
+    rec = Record(100)
+    rec.queue[:50] = 0.0
+    rec.queue[50:] = 400.0  # a crowd from second 50
+    rec.in_service[:] = 40.0
+    rec.arrived[:50] = 100.0
+    rec.arrived[50:] = 1000.0
+    prom = Prometheus(rec, MODEL, scrape_failure=0.5)
+    assert prom.gateway_in_pods(52) == 440.0  # second 51
+    assert prom.concurrency(52) == 40.0  # the scrape at 45
+    assert prom.gateway_offered(55, 10) == pytest.approx((5 * 100 + 5 * 1000) / 10)
+    assert prom.gateway_in_pods(0) is None and prom.gateway_offered(0, 10) is None
+
+
+def test_ours_gateway_decides_every_two_seconds_on_the_gateways_counts() -> None:
+    """``ours-gateway``: the builtin engine on a 2 s tick (the KPA's), the policy fed the gateway's
+    counts: 440 requests in 10 pods ask for 440 / 3.2 = 138 pods; the spec's step (100 %) allows 20
+    at the first tick after the crowd and, with those pods starting, the measured load at the next
+    (2 s later). The Prometheus reading (40 in the pods at the last scrape) asks for nothing more."""
+    [gw] = build_policies(["ours-gateway"], MODEL, np.zeros(100), 2000)
+    assert gw.name == "ours-gateway" and gw.interval == 2
+    rec = Record(100)
+    rec.queue[50:] = 400.0
+    rec.in_service[:] = 40.0
+    rec.arrived[:] = 200.0
+    rec.served[:] = 200.0
+    rec.busy[:] = 40.0
+    rec.ready[:] = 10
+    rec.scraped[:] = 10
+    prom = Prometheus(rec, MODEL, scrape_failure=0.0, query_failure=0.0)
+    pool = PodPool(MODEL, 10, np.random.default_rng(0))
+    assert gw.decide(52, prom, pool) == 20
+    assert gw.decide(54, prom, pool) == 138
+    [builtin] = build_policies(["ours-builtin"], MODEL, np.zeros(100), 2000)
+    assert builtin.decide(52, prom, pool) == 13  # demand 200 x 0.2 / 3.2 = 12.5; the in-pods read 40 / 3.2
