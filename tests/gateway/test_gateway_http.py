@@ -43,7 +43,9 @@ def test_oip_json_binary_metadata_and_health_pass_through(pod_factory: Any, gate
     via = httpx.Client(base_url=gw.url, timeout=10)
     for path in ("/v2", "/v2/models/demo", "/v2/models/demo/ready", "/v2/models/nope"):
         a, b = direct.get(path), via.get(path)
-        assert (a.status_code, a.json()) == (b.status_code, b.json()), path
+        # the model's "parameters" hold each pod's own measurements (service time): either pod may answer
+        da, db = ({k: v for k, v in r.json().items() if k != "parameters"} for r in (a, b))
+        assert (a.status_code, da) == (b.status_code, db), path
     assert via.get("/v2/health/live").status_code == 200
     assert via.get("/v2/health/ready").status_code == 200
     a, b = direct.post("/v2/models/demo/infer", content=BODY), via.post("/v2/models/demo/infer", content=BODY)
@@ -336,7 +338,7 @@ def test_a_draining_pod_gets_no_new_request(pod_factory: Any, gateway_factory: A
 
 
 def test_gateway_sigterm_finishes_requests_in_flight(pod_factory: Any, gateway_factory: Any) -> None:
-    pod = pod_factory("--model", "synthetic:500", "--concurrency", "4")
+    pod = pod_factory("--model", "synthetic:3000", "--concurrency", "4")  # long enough for all four to overlap
     gw = gateway_factory({"endpoints": endpoints(pod)})
     results: list[int] = []
 
