@@ -97,6 +97,25 @@ class ModelConfig(_Model):
         return check_model_spec(v)
 
 
+class AccessLogConfig(_Model):
+    """One log line per inference request at the pod (logger ``sluiceway.access``): tenant, model,
+    status, reason, queue wait, execution time, request id, bytes; never the API key or the body.
+    Off by default; ``sampleRate`` of the requests are logged when on (refusals included)."""
+
+    enabled: bool = False
+    sample_rate: float = Field(default=1.0, ge=0, le=1)
+
+
+class TracingConfig(_Model):
+    """OpenTelemetry tracing at the pod: off unless ``endpoint`` is set (an OTLP/HTTP traces URL,
+    e.g. ``http://collector:4318/v1/traces``). ``sampleRatio`` of the traces that the caller did not
+    already decide (a ``traceparent`` with its sampled flag is followed)."""
+
+    endpoint: str | None = Field(default=None, min_length=1)
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    service_name: str = Field(default="sluiceway-pod", min_length=1)
+
+
 class ServerConfig(_Model):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
@@ -116,6 +135,8 @@ class ServerConfig(_Model):
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="request line and headers")
     body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="whole request body -> 408")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["plain", "json"] = Field(default="plain", description="json: one JSON object per line")
+    access_log: AccessLogConfig = Field(default_factory=AccessLogConfig)
 
 
 class ConcurrencyConfig(_Model):
@@ -320,6 +341,7 @@ class PodConfig(_Model):
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     degradation: DegradationConfig = Field(default_factory=DegradationConfig)
     quota: QuotaConfig | None = None  # None: every pod enforces the whole quota (one replica)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> PodConfig:

@@ -72,6 +72,8 @@ STUCK_PERMITS = "sluiceway_stuck_permits"
 TENANT_QUOTA_SHARE = "sluiceway_tenant_quota_share"
 QUOTA_LEASE_AGE_SECONDS = "sluiceway_quota_lease_age_seconds"
 QUOTA_FALLBACK = "sluiceway_quota_fallback"
+#: Bytes of request bodies admitted and not yet given back (``server.maxInflightBodyBytes`` bounds it).
+INFLIGHT_BODY_BYTES = "sluiceway_inflight_body_bytes"
 
 # Labels that Prometheus's relabeling puts on every scraped inference-pod series.
 SCRAPE_LABELS = ("namespace", "inferenceservice", "pod")

@@ -98,6 +98,7 @@ class Ticket(Generic[P]):
     state: str = "queued"  # queued -> running -> done | queued -> done
     rows: int = 1  # rows (dim 0) of the request: its device cost scales with them
     cost: float = 0.0  # estimated device seconds, charged to its tenant when dispatched
+    dispatched: float = 0.0  # when it was dispatched to a permit (0.0: not yet, or never)
 
     def resolve(self, result: Any = None, error: SluicewayError | None = None) -> bool:
         """Answer once. Returns False (and does nothing) if already answered."""
@@ -639,6 +640,7 @@ class AdmissionCore(Generic[P]):
             mtq.running += 1
             self._charge(t, busy)
             t.state = "running"
+            t.dispatched = now
             self.obs.dequeued(t, now - t.enqueued)
         self.in_use += 1
         self._served_since_idle = True

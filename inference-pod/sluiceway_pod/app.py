@@ -31,6 +31,7 @@ from . import __version__
 from .data_plane import DataPlane, error_response
 from .errors import ModelNotFound, SluicewayError
 from .fastpath import InferFastPath
+from .logs import request_id
 from .openapi import openapi_document
 
 
@@ -55,7 +56,9 @@ def _add_probes(app: FastAPI, plane: DataPlane) -> None:
 
 class CloseWhileShuttingDown:
     """After SIGTERM every response carries ``Connection: close``, so clients open fresh connections
-    (to other replicas) instead of reusing one this pod is about to close: no reset connections."""
+    (to other replicas) instead of reusing one this pod is about to close: no reset connections.
+    Every response carries the request's ``X-Request-Id`` (the client's, when acceptable, or a new
+    one: :mod:`sluiceway_pod.logs`)."""
 
     def __init__(self, app: ASGIApp, plane: DataPlane) -> None:
         self.app = app
@@ -66,9 +69,18 @@ class CloseWhileShuttingDown:
             await self.app(scope, receive, send)
             return
 
+        rid: bytes | None = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                rid = v
+        rid = request_id(rid.decode("latin-1") if rid is not None else None).encode("ascii")
+
         async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and self.plane.shutting_down:
-                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            if message["type"] == "http.response.start":
+                extra = [(b"x-request-id", rid)]
+                if self.plane.shutting_down:
+                    extra.append((b"connection", b"close"))
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
         await self.app(scope, receive, send_closing)

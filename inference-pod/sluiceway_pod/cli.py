@@ -14,7 +14,6 @@ configuration exits 2, naming the bad field.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
@@ -45,6 +44,7 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     put(("queue", "maxDepth"), ns.max_queue)
     put(("queue", "timeoutSeconds"), ns.queue_timeout)
     put(("queue", "execTimeoutSeconds"), ns.exec_timeout)
+    put(("server", "logFormat"), ns.log_format)
     return tree
 
 
@@ -120,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--max-queue", type=_int_or_auto, metavar="N|auto", help="queue bound, or auto (N*T/S)")
         s.add_argument("--queue-timeout", type=float, metavar="SECONDS", help="longest queue wait, then 503")
         s.add_argument("--exec-timeout", type=float, metavar="SECONDS", help="longest execution, then 504")
+        s.add_argument(
+            "--log-format", choices=["plain", "json"], help="plain text, or one JSON object per line (default plain)"
+        )
     f = sub.add_parser(
         "fetch",
         help="download a model from object storage (the storage initializer)",
@@ -162,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "check-config":
         print(cfg.to_yaml(), end="")
         return 0
-    logging.basicConfig(level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure_logging
+
+    configure_logging(cfg.server.log_level, cfg.server.log_format)
     from .server import run
 
     return run(cfg)

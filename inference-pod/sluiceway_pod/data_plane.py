@@ -55,6 +55,7 @@ from .errors import (
     http_status,
     new_error_id,
 )
+from .logs import build_access_log
 from .metrics import PodMetrics
 from .models import Runner, Tensors, load_runner
 from .protocol import (
@@ -71,6 +72,7 @@ from .quota_client import QuotaClient, start_quota_client
 from .runtime import Sizing, allocated_bytes, measure, release_cache
 from .sizing import memory_probe_for
 from .tenancy import OTHER, Tenant, TenantRegistry
+from .tracing import build_tracer
 
 log = logging.getLogger("sluiceway.service")
 
@@ -90,6 +92,10 @@ class Response:
     #: the same, as the bytes after the status line (headers, ``content-length``, blank line, body),
     #: filled in by :class:`~sluiceway_pod.transport.InferenceProtocol` when it answers on the headers
     wire: bytes | None = field(default=None, repr=False, compare=False)
+    #: for the access log and the trace: the error reason of a refusal, and whose request it was
+    #: (the tenant's label) when the answer was decided knowing it
+    reason: str | None = field(default=None, compare=False)
+    tenant: str | None = field(default=None, compare=False)
 
 
 #: The load headers on every answer to an infer request that reached the ASGI path (issue 19's
@@ -127,7 +133,7 @@ def error_response(err: SluicewayError) -> Response:
     doc: dict[str, Any] = {"error": err.message, "reason": err.reason}
     if err.error_id is not None:
         doc["errorId"] = err.error_id
-    return Response(http_status(err), orjson.dumps(doc), headers)
+    return Response(http_status(err), orjson.dumps(doc), headers, reason=err.reason)
 
 
 @dataclass(slots=True)
@@ -141,6 +147,11 @@ class Admitted:
     priority: str
     budget: float | None
     held: int = 0
+    #: when the request entered the queue, was dispatched to a permit and was answered (the core's
+    #: clock; 0.0: never), for the access log and the trace
+    enqueued: float = 0.0
+    dispatched: float = 0.0
+    finished: float = 0.0
 
 
 class BodyBudget:
@@ -223,6 +234,9 @@ class DataPlane:
         self.start_error: str | None = None
         self._refusals: dict[tuple[Any, ...], tuple[Response, Any, Any]] = {}
         self.bodies = BodyBudget(config.server.max_inflight_body_bytes)
+        metrics.track_body_budget(lambda: float(self.bodies.held))
+        self.access = build_access_log(config.server.access_log)  # None when off
+        self.tracer = build_tracer(config.tracing, self.clock.now, config.model.name)  # None when off
         #: the largest body accepted: ``server.maxBodyBytes``, or less when every input's ``maxShape``
         #: bounds the request (:func:`~sluiceway_pod.protocol.max_request_bytes`; set at start)
         self.body_limit = config.server.max_body_bytes
@@ -366,6 +380,8 @@ class DataPlane:
             await self.dispatcher.stop()
         if self._fallback_pool is not None:
             self._fallback_pool.shutdown(wait=False)
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)
 
     # ------------------------------------------------------------------ metadata
     def metadata(self) -> dict[str, Any]:
@@ -422,6 +438,7 @@ class DataPlane:
         """An answer decided by the transport before the data plane saw the request (413, 499)."""
         self.metrics.child(self.metrics.rejected, OTHER, self.config.priorities.default, err.reason).inc()
         resp = error_response(err)
+        resp.tenant = OTHER
         self.metrics.answered(OTHER, self.config.priorities.default, resp.status)
         return resp
 
@@ -429,7 +446,8 @@ class DataPlane:
         if not counted:
             self.metrics.child(self.metrics.rejected, tenant.label if tenant else OTHER, priority, err.reason).inc()
         resp = error_response(err)
-        self.metrics.answered(tenant.label if tenant else OTHER, priority, resp.status)
+        resp.tenant = tenant.label if tenant else OTHER
+        self.metrics.answered(resp.tenant, priority, resp.status)
         return resp
 
     def _cached_refusal(
@@ -443,8 +461,10 @@ class DataPlane:
         if hit is None:
             err = make()
             m = self.metrics
+            resp = error_response(err)
+            resp.tenant = tenant.label
             hit = (
-                error_response(err),
+                resp,
                 m.child(m.rejected, tenant.label, priority, err.reason),
                 m.child(m.requests, tenant.label, priority, str(http_status(err))),
             )
@@ -466,8 +486,10 @@ class DataPlane:
                 f"the pod's budget for request bodies in flight ({self.bodies.limit} bytes) is spent", retry_after=1
             )
             m = self.metrics
+            resp = error_response(err)
+            resp.tenant = tenant_label
             hit = (
-                error_response(err),
+                resp,
                 m.child(m.rejected, tenant_label, priority, err.reason),
                 m.child(m.requests, tenant_label, priority, str(http_status(err))),
             )
@@ -584,6 +606,8 @@ class DataPlane:
             else:
                 req = decode_request(body, header_length, self.runner.inputs)
             check_outputs(req, self.runner.outputs)
+            if req.parameters:
+                rank, priority, budget = self._request_parameters(req, adm, headers)
         except SluicewayError as e:
             self.metrics.child(self.metrics.rejected, tenant.label, priority, e.reason).inc()
             return error_response(e)
@@ -612,13 +636,44 @@ class DataPlane:
         except SluicewayError as e:  # refused at admission (already counted by the core)
             return error_response(e)
 
+        adm.enqueued = ticket.enqueued
         try:
             outputs = await self._await_answer(ticket, fut, disconnected)
         except SluicewayError as e:
             return error_response(e)
+        finally:
+            adm.dispatched, adm.finished = ticket.dispatched, self.clock.now()
         if self.cache is not None:
             self.cache.put(content_hash(self.model_name, req.inputs), outputs)
         return await self._ok_async(req, outputs)
+
+    def _request_parameters(
+        self, req: InferRequest, adm: Admitted, headers: Mapping[str, str]
+    ) -> tuple[int, str, float | None]:
+        """tritonclient's ``priority=`` and ``timeout=`` (the request's ``parameters``): Triton's
+        priority levels (1 highest; 0 the default) map onto the classes in order (level ``k`` is
+        the ``k``-th class, levels past the last class are the last class; 0 is the default class);
+        ``X-Sluiceway-Priority``, when sent, wins. ``timeout`` (microseconds; 0 = none) caps the
+        request's deadline, like ``X-Sluiceway-Deadline-Ms``. The class ceiling (403) is checked at
+        admission. Updates ``adm`` (its rank and class label) and returns (rank, class, budget)."""
+        params = req.parameters
+        rank, priority, budget = adm.rank, adm.priority, adm.budget
+        level = params.get("priority")
+        if level is not None:
+            if not isinstance(level, int) or isinstance(level, bool) or level < 0:
+                raise InvalidInput(f"parameters.priority must be an integer >= 0, got {level!r}")
+            if level > 0 and PRIORITY_HEADER not in headers:
+                classes = self.config.priorities.classes
+                rank = min(level, len(classes)) - 1
+                priority = classes[rank]
+                adm.rank, adm.priority = rank, priority
+        timeout = params.get("timeout")
+        if timeout is not None:
+            if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+                raise InvalidInput(f"parameters.timeout must be an integer (microseconds) >= 0, got {timeout!r}")
+            if timeout > 0:
+                budget = timeout / 1e6 if budget is None else min(budget, timeout / 1e6)
+        return rank, priority, budget
 
     async def _await_answer(
         self, ticket: Any, fut: asyncio.Future[Any], disconnected: Callable[[], Awaitable[Any]] | None

@@ -31,6 +31,7 @@ from typing import Any
 
 from .data_plane import Admitted, DataPlane, Response
 from .errors import BodyTimeout, ClientGone, PayloadTooLarge
+from .logs import REQUEST_ID, REQUEST_ID_HEADER, request_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -64,6 +65,7 @@ _ENCODED: dict[tuple[str, str], tuple[bytes, bytes]] = {
     **{("retry-after", str(s)): (b"retry-after", str(s).encode()) for s in range(1, 61)},
 }
 _CLOSE = (b"connection", b"close")
+_RID = b"x-request-id"
 
 
 class _Disconnected(Exception):
@@ -81,26 +83,62 @@ class InferFastPath:
             if name is not None:
                 closing = self.plane.shutting_down
                 if scope["method"] == "POST":
-                    extensions = scope.get("extensions")
-                    early = extensions.get(ADMITTED_EXTENSION) if extensions else None
-                    if early is not None:  # the transport decided on the headers (it answers refusals)
-                        decided, headers = early["admitted"], early["headers"]
-                    else:
-                        # ASGI header names are lower-case bytes; a repeated header keeps its last
-                        # value, as the dict the FastAPI route builds does
-                        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-                        decided = self._before_body(name, headers)
-                    if isinstance(decided, Admitted):
-                        r = await self._infer(decided, headers, receive)
-                    else:
-                        r = decided
-                        if headers.get("expect", "").lower() == "100-continue":
-                            closing = True  # the announced body may never come: see the module doc
-                else:  # the infer paths take POST only (as a FastAPI route would answer)
-                    r = Response(405, b'{"detail":"Method Not Allowed"}', dict(_NOT_ALLOWED))
-                await _send(send, r, closing, self.plane.load_headers())
+                    await self._post(name, scope, receive, send, closing)
+                    return
+                # the infer paths take POST only (as a FastAPI route would answer)
+                r = Response(405, b'{"detail":"Method Not Allowed"}', dict(_NOT_ALLOWED))
+                rid = _scope_request_id(scope)
+                await _send(send, r, closing, self.plane.load_headers(), rid)
                 return
         await self.app(scope, receive, send)
+
+    async def _post(self, name: str, scope: Scope, receive: Receive, send: Send, closing: bool) -> None:
+        """One infer request: decide (or take the transport's decision), read, answer; the request
+        id, the access log line and the span (when on) around it."""
+        plane = self.plane
+        extensions = scope.get("extensions")
+        early = extensions.get(ADMITTED_EXTENSION) if extensions else None
+        if early is not None:  # the transport decided on the headers (it answers refusals)
+            decided, headers = early["admitted"], early["headers"]
+        else:
+            # ASGI header names are lower-case bytes; a repeated header keeps its last
+            # value, as the dict the FastAPI route builds does
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            decided = self._before_body(name, headers)
+        rid = request_id(headers.get(REQUEST_ID_HEADER))
+        token = REQUEST_ID.set(rid)
+        tracer, span = plane.tracer, None
+        r: Response | None = None
+        try:
+            if isinstance(decided, Admitted):
+                if tracer is not None:
+                    span = tracer.start(headers)
+                r = await self._infer(decided, headers, receive)
+            else:
+                r = decided
+                if headers.get("expect", "").lower() == "100-continue":
+                    closing = True  # the announced body may never come: see the module doc
+            await _send(send, r, closing, plane.load_headers(), rid)
+        finally:
+            REQUEST_ID.reset(token)
+            if span is not None and r is None:  # cancelled or failed before an answer: end it anyway
+                span.end()
+        assert r is not None
+        adm = decided if isinstance(decided, Admitted) else None
+        if span is not None and adm is not None and tracer is not None:
+            tracer.finish(
+                span,
+                status=r.status,
+                tenant=adm.tenant.label,
+                reason=r.reason,
+                request_id=rid,
+                enqueued=adm.enqueued,
+                dispatched=adm.dispatched,
+                finished=adm.finished,
+            )
+        access = plane.access
+        if access is not None and access.sampled():
+            log_access(plane, name, r, adm, rid, headers)
 
     def before_body(self, path: str, headers: dict[str, str]) -> Admitted | Response | None:
         """What the headers of a POST to ``path`` decide (:meth:`_before_body`), or ``None`` when
@@ -187,14 +225,56 @@ class InferFastPath:
         return box
 
 
-async def _send(send: Send, r: Response, closing: bool, load: list[tuple[bytes, bytes]] | None = None) -> None:
+def _scope_request_id(scope: Scope) -> str:
+    raw = None
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            raw = v.decode("latin-1")
+    return request_id(raw)
+
+
+def log_access(
+    plane: DataPlane, model: str, r: Response, adm: Admitted | None, rid: str, headers: dict[str, str]
+) -> None:
+    """One access log line (:mod:`sluiceway_pod.logs`) for an infer request's answer ``r``."""
+    access = plane.access
+    assert access is not None
+    declared = headers.get("content-length", "")
+    queue_ms = exec_ms = None
+    if adm is not None and adm.enqueued:
+        end_q = adm.dispatched or adm.finished
+        queue_ms = (end_q - adm.enqueued) * 1000.0 if end_q else None
+        if adm.dispatched and adm.finished:
+            exec_ms = (adm.finished - adm.dispatched) * 1000.0
+    access.emit(
+        model=model,
+        tenant=adm.tenant.label if adm is not None else r.tenant,
+        status=r.status,
+        reason=r.reason,
+        queue_wait_ms=queue_ms,
+        exec_ms=exec_ms,
+        request_id=rid,
+        bytes_in=int(declared) if declared.isdigit() else 0,
+        bytes_out=len(r.body),
+    )
+
+
+async def _send(
+    send: Send,
+    r: Response,
+    closing: bool,
+    load: list[tuple[bytes, bytes]] | None = None,
+    rid: str | None = None,
+) -> None:
     raw = r.encoded
     if raw is None:
         raw = [_ENCODED.get(kv) or (kv[0].encode("latin-1"), kv[1].encode("latin-1")) for kv in r.headers.items()]
         raw.append((b"content-length", b"%d" % len(r.body)))
         r.encoded = raw
-    if load is not None:  # a fresh list: ``r.encoded`` may be a cached refusal's
-        raw = raw + load
+    if load is not None or rid is not None:  # a fresh list: ``r.encoded`` may be a cached refusal's
+        raw = raw + load if load is not None else [*raw]
+        if rid is not None:
+            raw.append((_RID, rid.encode("latin-1")))
         if closing:
             raw.append(_CLOSE)
     elif closing:  # after SIGTERM (clients reconnect to other replicas, see app.CloseWhileShuttingDown),

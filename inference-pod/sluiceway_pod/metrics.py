@@ -104,6 +104,12 @@ class PodMetrics:
             names.QUOTA_FALLBACK, "1 while the pod enforces quota / replicas (lease not renewed).", m,
             registry=registry,
         )
+        self.inflight_body_bytes = Gauge(
+            names.INFLIGHT_BODY_BYTES,
+            "Bytes of request bodies admitted and not yet given back (bounded by server.maxInflightBodyBytes).",
+            m,
+            registry=registry,
+        )
         for g in (self.limit, self.in_use, self.gpu_memory, self.ready, self.stuck):
             g.labels(model)
         for c in (self.enqueued, self.dequeued, self.oom):
@@ -117,6 +123,10 @@ class PodMetrics:
         for tenant in tenant_labels:
             for prio in priorities:
                 self.queue_depth.labels(self.model, tenant, prio)
+
+    def track_body_budget(self, fn: Callable[[], float]) -> None:
+        """The body budget's current holding, read at scrape time (nothing on the hot path)."""
+        self.inflight_body_bytes.labels(self.model).set_function(fn)
 
     def track_gpu_memory(self, fn: Callable[[], float]) -> None:
         self.gpu_memory.labels(self.model).set_function(fn)

@@ -116,7 +116,15 @@ class _Server(uvicorn.Server):
 def _common(sc: ServerConfig) -> dict[str, Any]:
     # no access log and no proxy-headers middleware (uvicorn's default wraps every request in it;
     # nothing here reads the client address): per-request work on the hot path
-    return {"host": sc.host, "log_level": sc.log_level, "access_log": False, "lifespan": "off", "proxy_headers": False}
+    # log_config None: uvicorn's loggers go to the root handler (sluiceway_pod.logs: plain or JSON)
+    return {
+        "host": sc.host,
+        "log_level": sc.log_level,
+        "log_config": None,
+        "access_log": False,
+        "lifespan": "off",
+        "proxy_headers": False,
+    }
 
 
 def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig, plane: DataPlane | None = None) -> uvicorn.Config:
@@ -128,7 +136,7 @@ def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig, plane: DataPl
     return uvicorn.Config(
         app,
         port=sc.port,
-        http=inference_protocol(sc.header_timeout_seconds, decide, closing),
+        http=inference_protocol(sc.header_timeout_seconds, decide, closing, plane.access if plane else None),
         limit_concurrency=sc.max_connections,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,

@@ -44,7 +44,8 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .data_plane import Admitted, Response
-from .fastpath import ADMITTED_EXTENSION
+from .fastpath import ADMITTED_EXTENSION, infer_model_name
+from .logs import REQUEST_ID_HEADER, AccessLog, request_id
 
 log = logging.getLogger("sluiceway.server")
 
@@ -174,6 +175,7 @@ class InferenceProtocol(HeaderDeadlineProtocol):
 
     decide: Decide | None = None
     closing: Callable[[], bool] = staticmethod(lambda: False)
+    access: AccessLog | None = None
     _defaults: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
 
 
@@ -201,9 +203,32 @@ class InferenceProtocol(HeaderDeadlineProtocol):
             and self.parser.should_keep_alive()
             and not self.closing()
         )
+        rid = request_id(headers.get(REQUEST_ID_HEADER))  # validated: no CR/LF can get in
         self.transport.write(
-            b"".join((STATUS_LINE[decided.status], self._default_headers(), b"" if keep else _CLOSE, _wire(decided)))
+            b"".join(
+                (
+                    STATUS_LINE[decided.status],
+                    self._default_headers(),
+                    b"x-request-id: %s\r\n" % rid.encode("ascii"),
+                    b"" if keep else _CLOSE,
+                    _wire(decided),
+                )
+            )
         )
+        access = self.access
+        if access is not None and access.sampled():
+            declared = headers.get("content-length", "")
+            access.emit(
+                model=infer_model_name(raw_path.decode("ascii")) or "-",
+                tenant=decided.tenant,
+                status=decided.status,
+                reason=decided.reason,
+                queue_wait_ms=None,
+                exec_ms=None,
+                request_id=rid,
+                bytes_in=int(declared) if declared.isdigit() else 0,
+                bytes_out=len(decided.body),
+            )
         self.cycle = _ANSWERED
         self.server_state.total_requests += 1
         if keep:
@@ -235,10 +260,16 @@ class InferenceProtocol(HeaderDeadlineProtocol):
 
 
 def inference_protocol(header_timeout: float, decide: Decide | None = None,
-                       closing: Callable[[], bool] | None = None) -> type[InferenceProtocol]:
+                       closing: Callable[[], bool] | None = None,
+                       access: AccessLog | None = None) -> type[InferenceProtocol]:
     """The protocol class for uvicorn's ``http=`` setting. Without ``decide`` it answers nothing on
-    the headers (the header deadline only)."""
-    attrs: dict[str, Any] = {"header_timeout": header_timeout, "decide": staticmethod(decide) if decide else None}
+    the headers (the header deadline only). With ``access``, the refusals it writes are sampled into
+    the access log too."""
+    attrs: dict[str, Any] = {
+        "header_timeout": header_timeout,
+        "decide": staticmethod(decide) if decide else None,
+        "access": access,
+    }
     if closing is not None:
         attrs["closing"] = staticmethod(closing)
     return type("InferenceProtocol", (InferenceProtocol,), attrs)
