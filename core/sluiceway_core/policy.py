@@ -40,6 +40,11 @@ The rule, in order:
    utilisation, demand and predictive terms measure the *load*: only they are recorded in the
    history (when ``sustained_demand`` and any of them is known), so the stabilisation window holds
    what the load needs, not a queue that is gone.
+
+   Burst headroom: when a recorded load recommendation is ``burst_rise`` (25 %, and 2 pods) above
+   the lowest of the ``burst_span`` (180 s) before it, the load has jumped (``ScaleHistory.jumped_at``);
+   for ``burst_memory`` (20 min) the load terms size for ``burst_utilisation`` (0.7) instead of
+   ``target_utilisation``, so the next step finds room while its pods start.
 3. **Fast up.** Above ``current`` the recommendation applies at once (the scale-up window is 0),
    limited only by an optional step: at most ``max(current + max_pods, current * (1 + max_percent))``.
    While pods asked for earlier are still starting (``ready_replicas < current``), the step is
