@@ -13,6 +13,7 @@ import math
 import sys
 from dataclasses import asdict
 
+from sluiceway_core.promauth import load_prom_auth
 from sluiceway_core.units import parse_seconds
 from sluiceway_core.urls import UrlAllowList
 
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--inference-service", help="InferenceService name (with --prometheus)")
     s.add_argument("--namespace", default="default", help="its namespace (default: default)")
     s.add_argument("--window", default="5m", help="PromQL rate window for the reads (default 5m)")
+    s.add_argument("--prometheus-auth-file", metavar="FILE",
+                   help="credentials for --prometheus (the scaler's format: sluiceway_core.promauth)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     return p
 
@@ -86,8 +89,10 @@ def run_plan(args: argparse.Namespace) -> int:
             queries = Queries.build(args.namespace, args.inference_service, args.window)
             # the operator names this address on the command line: it is the whole allow-list
             allow = UrlAllowList.build("--prometheus", [args.prometheus])
-            stats = PrometheusSource(allow=allow).read_stats(args.prometheus.rstrip("/"), queries, 10.0)
-        except (SourceUnavailable, ValueError) as e:
+            auth = load_prom_auth(args.prometheus_auth_file) if args.prometheus_auth_file else None
+            source_ = PrometheusSource(allow=allow, auth=auth)
+            stats = source_.read_stats(args.prometheus.rstrip("/"), queries, 10.0)
+        except (SourceUnavailable, ValueError) as e:  # PromAuthError is a ValueError
             print(f"error: {e}", file=sys.stderr)
             return 2
         rate = rate if rate is not None else stats.arrival_rate

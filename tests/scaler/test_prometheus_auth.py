@@ -325,3 +325,19 @@ def test_scaler_cli_loads_the_auth_file_and_stops_on_a_bad_one(secured: Secured,
     out = "".join(lines)
     assert f"{secured.url} (basic; ca; client-cert)" in out, out
     assert PASSWORD not in out
+
+
+def test_the_planner_reads_a_prometheus_that_requires_credentials(secured: Secured, tmp_path: Path) -> None:
+    """`sluiceway plan --prometheus URL --prometheus-auth-file F`: the same credentials file as the scaler's."""
+    auth_file = tmp_path / "auth.yaml"
+    auth_file.write_text(yaml.safe_dump({"prometheus": [{"url": secured.url, **secured.full()}]}))
+    base = ["sluiceway", "plan", "--target-wait-p95", "500ms", "--prometheus", secured.url,
+            "--inference-service", "nothing-here", "--namespace", "none"]
+    without = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert without.returncode == 2 and "error:" in without.stderr, without
+    with_auth = subprocess.run([*base, "--prometheus-auth-file", str(auth_file)], capture_output=True, text=True,
+                               timeout=60)
+    out = with_auth.stdout + with_auth.stderr
+    print(f"planner without credentials: {without.stderr.strip()!r}; with them: {out.strip()[:200]!r}")
+    assert "Prometheus had no data" in out, out  # it reached Prometheus, which knows no such service
+    assert PASSWORD not in out and PASSWORD not in without.stderr
