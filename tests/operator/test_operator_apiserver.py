@@ -266,6 +266,9 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
              "monitoring": {"interval": "15s"}},
             "rate window (1m)",
         ),
+        # issue 23: ServiceMonitor labels are label pairs
+        ({"monitoring": {"serviceMonitorLabels": {"bad key": "x"}}}, "serviceMonitorLabels keys must be label keys"),
+        ({"monitoring": {"serviceMonitorLabels": {"release": "bad value"}}}, "spec.monitoring.serviceMonitorLabels"),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -290,6 +293,8 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         {"model": {"image": "registry.example/p:1", "format": "python", "source": "synthetics:make"}},
         {"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "75s"}}},
         {"autoscaling": {"engine": "builtin", "scaleDown": {"stabilizationWindow": "20s"}}},
+        {"monitoring": {"serviceMonitorLabels": {"release": "kube-prometheus-stack", "example.com/team": "ml"}}},
+        {"autoscaling": {"pollingInterval": "2s"}},
     ],
 )
 def test_the_crd_the_operator_and_the_pod_accept_the_same(admin: Admin, spec: dict[str, Any]) -> None:
