@@ -150,12 +150,18 @@ def _condition_is(admin: Admin, name: str, ctype: str, status: str, ns: str = NS
 
 
 def _exactly_as_desired(admin: Admin, name: str, uid: str, ns: str, kinds: tuple[str, ...]) -> None:
-    """One object per child kind, each controlled by this InferenceService; none left over."""
+    """The desired objects of each child kind (one, and for Services also ``<name>-metrics``), each
+    controlled by this InferenceService; none left over."""
     for kind in kinds:
         items = _labelled(admin, kind, name, ns)
-        assert len(items) == 1, (kind, [i["metadata"]["name"] for i in items])
-        refs = items[0]["metadata"].get("ownerReferences") or []
-        assert [(r["uid"], r.get("controller")) for r in refs] == [(uid, True)], kind
+        names = sorted(i["metadata"]["name"] for i in items)
+        if kind == "Service":
+            assert names == [name, f"{name}-metrics"], (kind, names)
+        else:
+            assert len(items) == 1, (kind, names)
+        for item in items:
+            refs = item["metadata"].get("ownerReferences") or []
+            assert [(r["uid"], r.get("controller")) for r in refs] == [(uid, True)], kind
 
 
 CORE_KINDS = ("ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget")
