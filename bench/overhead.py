@@ -170,8 +170,9 @@ def pod_config(tmp: Path, name: str, extra: dict[str, Any]) -> Path:
 
 #: The pod's refusal for the rate-limited tenant, byte for byte: the floor sends the same answer.
 FLOOR_BODY = b'{"error":"tenant \'limited\' is over its request rate","reason":"rate_limited"}'
+#: The pod puts an ``x-request-id`` (16 hex digits) on every answer; the floor sends one of that size.
 FLOOR_HEADERS = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-                 (b"content-length", str(len(FLOOR_BODY)).encode())]
+                 (b"x-request-id", b"0123456789abcdef"), (b"content-length", str(len(FLOOR_BODY)).encode())]
 _READY_HEADERS = [(b"content-type", b"application/json"), (b"content-length", b"14")]
 
 
