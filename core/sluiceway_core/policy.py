@@ -35,14 +35,16 @@ The rule, in order:
      Used only while the offered rate is rising. ``predict_seconds`` is meant to be the pods'
      start-up time, so capacity asked for now is ready when the load arrives (see docs/scalesim.md).
 
-   bounded by ``[min_replicas, max_replicas]``. The backlog, wait and requests-in-pods terms
-   measure a *shortage*: they lift the count now and fade once new capacity absorbs it. The
-   utilisation, demand and predictive terms measure the *load*: only they are recorded in the
-   history (when ``sustained_demand`` and any of them is known), so the stabilisation window holds
-   what the load needs, not a queue that is gone.
+   bounded by ``[min_replicas, max_replicas]``. The history records this bounded recommendation,
+   all terms included, and the scale-down window (step 4) holds it, as the HPA's stabilisation
+   does: a count raised by a shortage (backlog, wait, requests in the pods) is not given back the
+   moment the queue drains into the pods that serve while the new ones still start (issue 21: a
+   policy that remembered the load terms only dropped 4 -> 2 in the sandbox e2e, killing starting
+   pods, and let a raised count go 1 s into a 10 s window).
 
-   Burst headroom: when a recorded load recommendation is ``burst_rise`` (25 %, and 2 pods) above
-   the lowest of the ``burst_span`` (180 s) before it, the load has jumped (``ScaleHistory.jumped_at``);
+   Burst headroom: when the load terms' recommendation (utilisation, demand, prediction; recorded
+   apart as ``HistoryEntry.load``) is ``burst_rise`` (25 %, and 2 pods) above the lowest of the
+   ``burst_span`` (180 s) before it, the load has jumped (``ScaleHistory.jumped_at``);
    for ``burst_memory`` (20 min) the load terms size for ``burst_utilisation`` (0.7) instead of
    ``target_utilisation``, so the next step finds room while its pods start.
 3. **Fast up.** Above ``current`` the recommendation applies at once (the scale-up window is 0),
@@ -55,8 +57,7 @@ The rule, in order:
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
    ``stabilization_window`` seconds (HPA semantics), and it may not drop more than
    ``max(max_pods, max_percent %)`` below the highest replica count decided within the last
-   ``period`` seconds. A count lifted above the load terms by a shortage (recorded as ``lifted``)
-   is not paced down: the pace starts from the highest decision that was not lifted.
+   ``period`` seconds.
 5. **Release.** When every recommendation of the last ``release_window`` seconds (default 20 min)
    is below ``current``, the pace of step 4 no longer holds the count above the highest of them: a
    surplus that outlasted the window (the tail of a flash crowd) goes at once, while a lull shorter
@@ -211,8 +212,9 @@ class HistoryEntry:
     at: float
     recommendation: int
     replicas: int
-    #: the decision went above the recorded recommendation on a scale-up (a shortage term lifted it)
-    lifted: bool = False
+    #: the load terms' recommendation (utilisation, demand, prediction), for the burst headroom's
+    #: jump detection; None: not recorded (then ``recommendation`` stands in)
+    load: int | None = None
 
 
 @dataclass(frozen=True)
@@ -244,8 +246,8 @@ def _ceil(x: float) -> int:
 
 def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, int | None, int]:
     """The raw recommendation, its explanation, the measured load's value (demand or requests in
-    the pods; None: n/a) and the recommendation the history records (the load terms only, when
-    ``spec.sustained_demand`` and there are any; else the raw recommendation)."""
+    the pods; None: n/a) and the load terms' recommendation (utilisation, demand, prediction; the
+    raw recommendation when there are none), which the burst headroom watches for jumps."""
     parts: list[tuple[int, str]] = []  # shortage terms
     load_parts: list[tuple[int, str]] = []
     assert signals.queue_depth is not None
@@ -284,11 +286,9 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, i
     if not parts:
         return 0, "no wait observed and no backlog target", None, 0
     best = max(parts, key=lambda p: p[0])
-    # What the history records: the load terms (utilisation, demand, prediction) hold the count;
-    # the shortage terms (backlog, wait, requests in saturated pods) lift it now and fade once new
-    # capacity absorbs the shortage, so remembering them holds capacity nothing measures any more.
+    # The load terms alone: a jump of the load (burst headroom) is a rise of these, not a queue.
     load = [n for n, _ in load_parts]
-    settled = max(load) if load and spec.sustained_demand else best[0]
+    settled = max(load) if load else best[0]
     # The measured load (demand and requests in the pods) is exempt from the scale-up step taken
     # from the ready pods (rule 3): it is what the service needs now, not a backlog to be paid again.
     measured = [x[0] for x in (demand, in_pods) if x is not None]
@@ -376,7 +376,7 @@ def _jumps(history: ScaleHistory, spec: ScalingSpec, now: float, recorded: int) 
     if spec.burst_utilisation is None or spec.target_utilisation is None:
         return False
     start = now - spec.burst_span
-    lows = [e.recommendation for e in history.entries if e.at >= start]
+    lows = [e.recommendation if e.load is None else e.load for e in history.entries if e.at >= start]
     if not lows:
         return False
     low = min(lows)
@@ -412,7 +412,7 @@ def desired_replicas(
     if burst:
         why += f"; the load jumped at {history.jumped_at:g}s: sized for {spec.burst_utilisation:.2f} utilisation"
     bounded = min(spec.max_replicas, max(spec.min_replicas, raw))
-    recorded = min(spec.max_replicas, max(spec.min_replicas, settled)) if spec.sustained_demand else bounded
+    load_rec = min(spec.max_replicas, max(spec.min_replicas, settled))
     if bounded != raw:
         why += f"; bounded to [{spec.min_replicas}, {spec.max_replicas}] -> {bounded}"
 
@@ -455,11 +455,6 @@ def desired_replicas(
             period_start = now - down.period
             recent = [e.replicas for e in history.entries if e.at >= period_start]
             top = max([current, *recent])
-            if history.entries and history.entries[-1].lifted:
-                # The count was lifted above the load terms by a shortage (rule 2): that capacity is
-                # not paced down; the pace starts from the highest recommendation held.
-                top = max([replicas, *(e.replicas for e in history.entries if e.at >= period_start and not e.lifted)])
-                why += f"; lifted by a shortage, paced from {top}"
             allowed = max(
                 down.max_pods or 0,
                 math.floor(top * down.max_percent / 100.0) if down.max_percent is not None else 0,
@@ -478,9 +473,6 @@ def desired_replicas(
     else:
         replicas = bounded
 
-    lifted = replicas > recorded and replicas > current
-    if not lifted and replicas == current and history.entries and history.entries[-1].lifted:
-        lifted = replicas > recorded  # still holding a lifted count
-    entry = HistoryEntry(now, recorded, replicas, lifted)
-    jumped = now if _jumps(history, spec, now, recorded) else None
+    entry = HistoryEntry(now, bounded, replicas, load_rec)
+    jumped = now if _jumps(history, spec, now, load_rec) else None
     return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped))

@@ -224,25 +224,21 @@ def test_demand_applies_without_refusals_and_in_pods_reads_the_load_now() -> Non
     assert d.replicas == 20 and "requests in the pods" in d.reason
 
 
-def test_requests_in_pods_are_exempt_from_the_ready_step_and_not_remembered() -> None:
+def test_requests_in_pods_are_exempt_from_the_ready_step_and_held_like_any_recommendation() -> None:
     """A flash crowd: 100 pods asked for, 10 serve with full queues (44 requests each). The requests
     in the pods ask for 440 / 3.2 = 138 at once (the ready-based step alone allowed 20). The
-    history records the load terms only (here none but the backlog capped at demand): once the new
-    pods absorb the queue, the lifted count is not paced down from its top."""
+    history records that recommendation (all terms, HPA semantics; 3b75ed8 recorded the load terms
+    only and let a raised count go at once, which broke the scale-down window, see
+    test_a_count_raised_by_a_shortage_is_held_by_the_scale_down_window): the window holds 138, then
+    the pace applies; the release window (20 min) ends the surplus."""
     sat = Signals(queue_depth=400, utilisation=1.0, ready_replicas=10, permits=4, requests_in_pods=440.0)
     d = desired_replicas(sat, SPEC, 100, ScaleHistory(), 0.0)
     assert d.replicas == 138
-    assert d.history.entries[-1].lifted
-    # 5 minutes later the 138 pods serve what 60 need; the pace (1 pod per 60 s) applied to the
-    # lifted 138 would keep 137, the count goes to the highest load recommendation held instead
-    history = ScaleHistory(tuple(
-        HistoryEntry(15.0 * i, 60, 138, lifted=True) for i in range(1, 21)
-    ))
+    assert d.history.entries[-1].recommendation == 138
     calm = Signals(queue_depth=0, utilisation=0.34, ready_replicas=138, permits=4, requests_in_pods=190.0)
-    d = desired_replicas(calm, SPEC, 138, history, 305.0)
-    assert d.replicas == 60, d.reason
-    assert "lifted by a shortage" in d.reason
-    # not lifted: the pace holds as before
+    # within the 300 s window: held
+    assert desired_replicas(calm, SPEC, 138, d.history, 200.0).replicas == 138
+    # after it: the 138 pods serve what 60 need; paced at 1 pod per 60 s
     paced = ScaleHistory(tuple(HistoryEntry(15.0 * i, 60, 138) for i in range(1, 21)))
     assert desired_replicas(calm, SPEC, 138, paced, 305.0).replicas == 137
 
@@ -275,3 +271,29 @@ def test_a_load_that_jumped_is_sized_with_burst_headroom_for_the_memory() -> Non
     assert desired_replicas(trickle, SPEC, 2, ones, 300.0).history.jumped_at is None
     with pytest.raises(ValueError, match="burst_utilisation"):
         replace(SPEC, burst_utilisation=1.5)
+
+
+def test_a_count_raised_by_a_shortage_is_held_by_the_scale_down_window() -> None:
+    """The sandbox e2e's flap after 3b75ed8 (desired/ready (3.4, 4, 1), (8.7, 2, 1), (11.9, 2, 2),
+    (13.9, 4, 2)): the backlog lifted the count from 1 to 4; 5 s later, the queue drained into the
+    one ready pod while the three new ones were still starting, every term read 2, and the count
+    fell to 2 (killing pods that were starting) because the history held only the load terms. The
+    scale-down window holds every recommendation, as the HPA's stabilisation does."""
+    demo = replace(DEMO, scale_down=ScaleDownPolicy(stabilization_window=75, max_pods=4, period=5))
+    queued = Signals(  # one pod, 2 running + 16 queued: backlog 16 / 4 -> 4 (in the pods: 18 / 1.6 -> 12)
+        queue_depth=16, wait_p95=0.4, utilisation=1.0, offered_rate=40.0, completion_rate=40.0,
+        request_cost=0.05, permits=2, ready_replicas=1, requests_in_pods=18.0,
+    )
+    d1 = desired_replicas(queued, demo, 1, ScaleHistory(), 3.4)
+    assert d1.replicas == 4, d1.reason
+    # the queue has drained, the new pods still start: every term reads 2 (utilisation 0.9 of the
+    # one ready pod -> 2; 3 requests in the pods / 1.6 -> 2; backlog 1 / 4 -> 1; demand 1)
+    drained = replace(queued, queue_depth=1, wait_p95=0.1, utilisation=0.9, offered_rate=30.0,
+                      completion_rate=30.0, requests_in_pods=3.0)
+    d2 = desired_replicas(drained, demo, 4, d1.history, 8.7)
+    assert d2.replicas == 4, d2.reason
+    d3 = desired_replicas(replace(drained, ready_replicas=2, utilisation=0.45), demo, 4, d2.history, 70.0)
+    assert d3.replicas == 4, d3.reason
+    # once the window has passed the raised recommendation, the count follows the load down
+    d4 = desired_replicas(replace(drained, ready_replicas=4, utilisation=0.25), demo, 4, d3.history, 80.0)
+    assert d4.replicas == 2, d4.reason
