@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from collections.abc import Sequence
 
 import kopf
+from sluiceway_core.promauth import PromAuthError
 
 from .handlers import register
 from .settings import OperatorConfig, config_from_env
@@ -22,9 +24,7 @@ _LOG_FORMATS = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "jso
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sluiceway-operator", description="The sluiceway InferenceService operator"
-    )
+    p = argparse.ArgumentParser(prog="sluiceway-operator", description="The sluiceway InferenceService operator")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="reconcile InferenceServices until interrupted")
     run.add_argument(
@@ -35,9 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         help="namespace to watch (repeatable); default: SLUICEWAY_NAMESPACES or all",
     )
     run.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
-    run.add_argument(
-        "--prometheus-url", default=None, help="Prometheus base URL for status and the builtin engine"
-    )
+    run.add_argument("--prometheus-url", default=None, help="Prometheus base URL for status and the builtin engine")
     run.add_argument("--scaler-address", default=None, help="host:port of the sluiceway KEDA external scaler")
     run.add_argument("--drift-interval", type=float, default=None, help="seconds between drift repairs")
     run.add_argument(
@@ -47,9 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between Prometheus reads (status columns, builtin engine)",
     )
     run.add_argument("--log-format", choices=sorted(_LOG_FORMATS), default=None)
-    run.add_argument(
-        "--liveness", default=None, help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz"
-    )
+    run.add_argument("--liveness", default=None, help="liveness endpoint URL, e.g. http://0.0.0.0:8081/healthz")
     run.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -74,9 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env_cfg = config_from_env()
         cfg = config_from_args(args, env_cfg)
+    except PromAuthError as err:  # one line naming the file and the entry, never a secret
+        print(f"sluiceway-operator: SLUICEWAY_PROMETHEUS_AUTH_FILE: {err}", file=sys.stderr)
+        return 2
     except ValueError as err:  # a malformed SLUICEWAY_* variable or flag, or a missing quota key
         raise SystemExit(f"sluiceway-operator: {err}") from None
     kopf.configure(verbose=args.verbose, log_format=_LOG_FORMATS[cfg.log_format])
+    if cfg.prom_auth is not None:
+        logging.getLogger(__name__).info("Prometheus credentials: %s", cfg.prom_auth.describe())
     registry = kopf.OperatorRegistry()
     register(registry, cfg)
     kopf.run(

@@ -5,7 +5,9 @@ Every query is checked against the operator's allow-list before any connection (
 ``autoscaling.prometheusAddress`` is written by the object's author), has a total deadline (a server
 that trickles bytes cannot hold a loop worker past it) and a size cap, and fails with
 :class:`~sluiceway_core.promclient.PromError`, whose message never contains what the server sent, so
-nothing read from an arbitrary server reaches a status, an Event or a log line.
+nothing read from an arbitrary server reaches a status, an Event or a log line. Credentials come
+from the operator's ``SLUICEWAY_PROMETHEUS_AUTH_FILE`` (``auth=``); an entry applies only to an
+address the allow-list admits, and no secret appears in an error.
 
 Concurrency: blocking and stateless; the tickers' worker threads call it, never the event loop.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from sluiceway_core.promauth import PromAuth
 from sluiceway_core.promclient import PromError, PromGarbage, instant_query
 from sluiceway_core.urls import UrlAllowList
 
@@ -36,9 +39,12 @@ def _value(sample: dict[str, object], where: str) -> float:
         raise PromGarbage(f"Prometheus at {where}: a sample value is not a number") from None
 
 
-def query_scalar(address: str, promql: str, *, allow: UrlAllowList, timeout: float = 5.0) -> float | None:
-    """One instant query's first value; ``None`` when empty, NaN or infinite. Raises PromError."""
-    result = instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
+def query_scalar(
+    address: str, promql: str, *, allow: UrlAllowList, timeout: float = 5.0, auth: PromAuth | None = None
+) -> float | None:
+    """One instant query's first value; ``None`` when empty, NaN or infinite. Raises PromError.
+    ``auth``: the operator's credentials file (its entry for ``address``, if any, is used)."""
+    result = instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES, auth=auth)
     if not result:
         return None
     value = _value(result[0], address)
@@ -46,12 +52,19 @@ def query_scalar(address: str, promql: str, *, allow: UrlAllowList, timeout: flo
 
 
 def query_vector(
-    address: str, promql: str, label: str, *, allow: UrlAllowList, timeout: float = 5.0
+    address: str,
+    promql: str,
+    label: str,
+    *,
+    allow: UrlAllowList,
+    timeout: float = 5.0,
+    auth: PromAuth | None = None,
 ) -> dict[str, float]:
     """One series per value of ``label`` (``sum by (label)``): ``{label value: value}``, leaving out
     series without the label and NaN/infinite values. Raises PromError."""
     out: dict[str, float] = {}
-    for series in instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES):
+    series_list = instant_query(address, promql, allow=allow, timeout=timeout, max_bytes=MAX_ANSWER_BYTES, auth=auth)
+    for series in series_list:
         metric = series.get("metric")
         key = metric.get(label) if isinstance(metric, dict) else None
         value = _value(series, address)

@@ -407,7 +407,7 @@ class Reconciler:
 
         def scalar(promql: str) -> float | None:
             assert prom_url is not None
-            return query_scalar(prom_url, promql, allow=allow, timeout=remaining())
+            return query_scalar(prom_url, promql, allow=allow, timeout=remaining(), auth=self.config.prom_auth)
 
         if prom_url and not allow.allows(prom_url):
             prom_error = self._prometheus_refusal(prom_url)  # never fetched
@@ -444,6 +444,7 @@ class Reconciler:
                     "tenant",
                     allow=allow,
                     timeout=remaining(),
+                    auth=self.config.prom_auth,
                 )
             except PrometheusError as err:
                 log.warning("%s/%s: per-tenant admitted rates unavailable: %s", namespace, name, err)

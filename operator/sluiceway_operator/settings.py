@@ -13,8 +13,10 @@ signs each service's quota charter; required with the coordinator URL), ``SLUICE
 ``SLUICEWAY_PROMETHEUS_URL`` is always allowed), ``SLUICEWAY_PROMETHEUS_TIMEOUT`` (seconds, the whole of
 one query), ``SLUICEWAY_SERVICEMONITOR_LABELS`` (``k=v,k=v``: labels of every rendered ServiceMonitor,
 such as the ``release`` label kube-prometheus-stack selects on; a spec's
-``monitoring.serviceMonitorLabels`` adds to them) and the policy's ``SLUICEWAY_ALLOWED_*`` lists
-(:mod:`.policy`).
+``monitoring.serviceMonitorLabels`` adds to them), ``SLUICEWAY_PROMETHEUS_AUTH_FILE`` (the credentials
+file of :mod:`sluiceway_core.promauth`, loaded once at start; a malformed one stops the operator),
+``SLUICEWAY_POD_LOG_FORMAT`` / ``SLUICEWAY_POD_TRACING_ENDPOINT`` (the pods' defaults of
+``spec.observability``) and the policy's ``SLUICEWAY_ALLOWED_*`` lists (:mod:`.policy`).
 """
 
 from __future__ import annotations
@@ -27,15 +29,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from sluiceway_core.promauth import PromAuth, load_prom_auth
 from sluiceway_core.quota_charter import load_key
 from sluiceway_core.urls import UrlAllowList
 
 from .policy import Policy, policy_from_env
 
-__all__ = ["DOMAIN", "OperatorConfig", "apply_kopf_settings", "config_from_env", "parse_labels"]
+__all__ = ["DOMAIN", "POD_LOG_FORMATS", "OperatorConfig", "apply_kopf_settings", "config_from_env", "parse_labels"]
 
 #: kopf's ``kopf.zalando.org`` annotations, progress storage and finalizer are renamed to this.
 DOMAIN = "sluiceway.io"
+
+
+#: The pods' log formats (``server.logFormat`` of the pod config).
+POD_LOG_FORMATS = ("plain", "json")
+_HTTP_URL = re.compile(r"https?://[^\s/]+(/\S*)?")
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,14 @@ class OperatorConfig:
     policy: Policy = field(default_factory=Policy)
     #: Labels of every rendered ServiceMonitor (``SLUICEWAY_SERVICEMONITOR_LABELS``).
     service_monitor_labels: tuple[tuple[str, str], ...] = ()
+    #: Credentials for the Prometheus servers it reads (``SLUICEWAY_PROMETHEUS_AUTH_FILE``); None =
+    #: none. Only file paths inside; never printed (``repr=False``).
+    prom_auth: PromAuth | None = field(default=None, repr=False)
+    #: The pods' ``server.logFormat`` when a spec does not set ``observability.logFormat``.
+    pod_log_format: str = "plain"
+    #: The pods' OTLP/HTTP endpoint when a spec does not set ``observability.tracing.endpoint``
+    #: (None: tracing off).
+    pod_tracing_endpoint: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,6 +91,14 @@ class OperatorConfig:
                 "(the chart mounts it at /etc/sluiceway/quota-key/key)"
             )
         self.prometheus_allow_list  # noqa: B018 - raises ValueError for a malformed URL
+        if self.pod_log_format not in POD_LOG_FORMATS:
+            raise ValueError(
+                f"SLUICEWAY_POD_LOG_FORMAT must be one of {', '.join(POD_LOG_FORMATS)}, not {self.pod_log_format!r}"
+            )
+        if self.pod_tracing_endpoint is not None and not _HTTP_URL.fullmatch(self.pod_tracing_endpoint):
+            raise ValueError(
+                f"SLUICEWAY_POD_TRACING_ENDPOINT must be an http(s) URL (OTLP/HTTP), not {self.pod_tracing_endpoint!r}"
+            )
 
     @property
     def clusterwide(self) -> bool:
@@ -119,7 +143,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     if not 0.5 <= lease <= 60:  # the pod config's quota.leaseSeconds range
         raise ValueError(f"SLUICEWAY_QUOTA_LEASE_SECONDS must be seconds within 0.5..60, not {lease_text!r}")
     coordinator = env.get("SLUICEWAY_QUOTA_COORDINATOR_URL") or None
-    if coordinator is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", coordinator):
+    if coordinator is not None and not _HTTP_URL.fullmatch(coordinator):
         raise ValueError(f"SLUICEWAY_QUOTA_COORDINATOR_URL must be an http(s) URL, not {coordinator!r}")
     namespaces = tuple(n.strip() for n in env.get("SLUICEWAY_NAMESPACES", "").split(",") if n.strip())
     key_file = env.get("SLUICEWAY_QUOTA_KEY_FILE") or None
@@ -128,6 +152,8 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
     timeout = float(env.get("SLUICEWAY_PROMETHEUS_TIMEOUT") or OperatorConfig.prometheus_timeout)
     if not 0 < timeout <= 60:
         raise ValueError(f"SLUICEWAY_PROMETHEUS_TIMEOUT must be seconds within (0, 60], not {timeout}")
+    auth_file = env.get("SLUICEWAY_PROMETHEUS_AUTH_FILE") or None
+    prom_auth = load_prom_auth(auth_file) if auth_file is not None else None  # PromAuthError names the file
     return OperatorConfig(
         namespaces=namespaces,
         prometheus_url=env.get("SLUICEWAY_PROMETHEUS_URL") or None,
@@ -146,6 +172,9 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         service_monitor_labels=parse_labels(
             "SLUICEWAY_SERVICEMONITOR_LABELS", env.get("SLUICEWAY_SERVICEMONITOR_LABELS", "")
         ),
+        prom_auth=prom_auth,
+        pod_log_format=env.get("SLUICEWAY_POD_LOG_FORMAT") or OperatorConfig.pod_log_format,
+        pod_tracing_endpoint=env.get("SLUICEWAY_POD_TRACING_ENDPOINT") or None,
     )
 
 
