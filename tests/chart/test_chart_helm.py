@@ -467,7 +467,12 @@ def test_scaler_tls_gives_keda_its_client_certificate(
 
     key = tmp_path / "key"
     key.write_text("k" * 64)  # the chart mounts its quota key there; any 32+ bytes will do here
-    env = _env(find(all_on, "Deployment", "sluiceway-operator")) | {"SLUICEWAY_QUOTA_KEY_FILE": str(key)}
+    auth = tmp_path / "auth.json"  # the chart mounts the prometheusAuth file there (test_chart_promauth.py)
+    auth.write_text('{"prometheus": []}')
+    env = _env(find(all_on, "Deployment", "sluiceway-operator")) | {
+        "SLUICEWAY_QUOTA_KEY_FILE": str(key),
+        "SLUICEWAY_PROMETHEUS_AUTH_FILE": str(auth),
+    }
     assert config_from_env(env).scaler_authentication == "sluiceway-scaler"
 
 
