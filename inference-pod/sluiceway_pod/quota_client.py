@@ -18,7 +18,10 @@ Joining: until a grant comes back *settled* (no tenant's share here held back by
 unexpired leases) the client renews every ``MIN_EARLY_RENEWAL``, tells the coordinator it is joining
 (so the serving pods give back a fair part of the quota before traffic reaches this pod) and the pod
 does not report ready (:meth:`QuotaClient.ready_to_serve`; at most one lease period, also when the
-coordinator cannot be reached).
+coordinator cannot be reached). Once ready it still says it is joining until its first request
+arrives (at most ``ROUTING_GRACE``): the Service routes to it only after the kubelet's probe and the
+endpoints, and a pod that asked for its own (zero) demand in between met its first requests holding
+nothing.
 
 Failure: a lease is valid ``leaseSeconds`` from when the request was *sent* (so the pod's view ends
 before the coordinator's). Any exception of a renewal (network, HTTP framing, JSON, schema, even a
@@ -60,6 +63,9 @@ Post = Callable[[str, bytes, float], bytes]
 MAX_GRANT_BYTES = 1 << 20
 MAX_TOKEN_BYTES = 1024
 MIN_EARLY_RENEWAL = 0.25  # seconds between renewals asked for by a tenant with no share here
+#: After it reports ready, a pod still counts as joining until its first request arrives (the
+#: kubelet's probe period, then the endpoints and the proxies), at most this long.
+ROUTING_GRACE = 10.0
 
 
 class LeaseRefused(QuotaError):
@@ -115,6 +121,7 @@ class QuotaClient:
         pod: str,
         on_change: Callable[[QuotaClient], None] | None = None,
         post: Post | None = None,
+        leaving: Callable[[], bool] = lambda: False,
     ) -> None:
         if cfg.coordinator_url is None or cfg.service is None:
             raise ValueError("quota.coordinatorUrl and quota.service are required")
@@ -127,6 +134,7 @@ class QuotaClient:
         self.clock = clock
         self._on_change = on_change or (lambda _c: None)
         self._post = post or http_post
+        self._leaving = leaving  # the pod drains (SIGTERM): it no longer counts as joining
         self.interval = cfg.lease_seconds / 3
         self.started = clock.now()
         self.last_renewal: float | None = None
@@ -138,6 +146,8 @@ class QuotaClient:
         self._shares: Mapping[str, TenantShare] = {}  # of the lease in force (valid_until)
         self._logged: set[str] = set()  # kinds of failure logged since the last good renewal
         self._startup_announced = False
+        self._ready_at: float | None = None  # when ready_to_serve first held
+        self._routed = False  # a request arrived since (the Service routes to this pod)
         self._last_report = self.started
         self._task: asyncio.Task[None] | None = None
         # one thread of its own: a renewal never queues behind request work on the default executor
@@ -191,9 +201,22 @@ class QuotaClient:
             demand[name] = TenantDemand((admitted + refused) / dt, admitted / dt, queued, running)
         valid = not self.fallback and self.valid_until is not None and now < self.valid_until
         held = dict(self._shares) if valid else {}
-        return LeaseRequest(
-            self.pod, self.cfg.charter or {}, self._signature(), demand, held, joining=not self.ready_to_serve()
-        )
+        joining = self._joining(now, demand)
+        return LeaseRequest(self.pod, self.cfg.charter or {}, self._signature(), demand, held, joining)
+
+    def _joining(self, now: float, demand: Mapping[str, TenantDemand]) -> bool:
+        """Joining until ready, and after that until the first request arrives (at most
+        ``ROUTING_GRACE``): between reporting ready and being routed to, the pod has no demand of
+        its own; asking for it would hand its share back to the serving pods, and it would meet its
+        first requests holding nothing."""
+        if self._leaving():
+            return False  # draining: no traffic is coming, its share goes back to the serving pods
+        if not self.ready_to_serve():
+            return True
+        if self._ready_at is None:
+            self._ready_at = now
+        self._routed = self._routed or any(d.offered_rate > 0 or d.concurrency > 0 for d in demand.values())
+        return not self._routed and now - self._ready_at < ROUTING_GRACE
 
     def starved(self) -> bool:
         """A tenant has work queued here but no concurrency share on this pod, or was refused here
@@ -325,6 +348,8 @@ def start_quota_client(
             if share is not None and label != OTHER:  # 'other' would mix several tenants
                 metrics.quota_share.labels(metrics.model, label).set(share.fraction)
 
-    client = QuotaClient(cfg, registry, core.tenant_load, clock, pod=pod_name(), on_change=exported)
+    client = QuotaClient(
+        cfg, registry, core.tenant_load, clock, pod=pod_name(), on_change=exported, leaving=lambda: core.draining
+    )
     metrics.quota_lease_age.labels(metrics.model).set_function(client.lease_age)
     return client

@@ -20,7 +20,7 @@ import pytest
 from sluiceway_core.config import QuotaConfig, TenantsConfig
 from sluiceway_core.quota import LEASE_PATH, LeaseRequest, TenantDemand, TenantQuota
 from sluiceway_pod.clock import ManualClock
-from sluiceway_pod.quota_client import QuotaClient
+from sluiceway_pod.quota_client import ROUTING_GRACE, QuotaClient
 from sluiceway_pod.tenancy import TenantRegistry
 from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota
 
@@ -143,6 +143,11 @@ def test_a_tenant_queued_on_a_pod_without_a_slot_asks_for_an_early_renewal(
     async def scenario() -> None:
         for p in "ab":
             assert await clients[p].renew_once()
+        # b has had no request for ROUTING_GRACE since it reported ready: it no longer counts as
+        # joining (with a's demand) either
+        clock.advance(ROUTING_GRACE)
+        for p in "ab":
+            assert await clients[p].renew_once()
         # a has all the demand: the three slots go a's way, b holds none yet
         assert await clients["a"].renew_once()
         caps = {p: regs[p].concurrency_cap(regs[p].tenant("team")) for p in "ab"}
@@ -198,3 +203,36 @@ def test_a_joining_pod_reports_ready_only_once_it_holds_its_share(coordinator: t
         assert late.ready_to_serve()
 
     asyncio.run(held_back())
+
+
+def test_a_ready_pod_counts_as_joining_until_its_first_request_or_the_routing_grace() -> None:
+    """Unit (no coordinator): what the client tells the coordinator in ``joining``. Ready but not
+    routed to yet (the probe and endpoints lag): still joining; a request arrived: serving; no
+    request within ROUTING_GRACE: serving (its own demand); draining: never joining."""
+    clock = ManualClock()
+    load: dict[str, tuple[int, int]] = {}
+    draining = [False]
+
+    def make() -> QuotaClient:
+        cfg = QuotaConfig.model_validate(
+            quota_section("http://127.0.0.1:9/", "ns/demo", TEAM, TOKENS, lease=3.0, assumed=2)
+        )
+        return QuotaClient(cfg, registry(clock), lambda: load, clock, pod="p", leaving=lambda: draining[0])
+
+    c = make()
+    assert c.build_request().joining  # no settled lease, within one lease period: joining
+    clock.advance(3.0)  # ready_to_serve (one lease period)
+    assert c.ready_to_serve() and c.build_request().joining  # ready, no request yet
+    clock.advance(ROUTING_GRACE / 2)
+    assert c.build_request().joining
+    load["team"] = (1, 0)  # a request waits here: the Service routes to this pod
+    assert not c.build_request().joining
+    load.clear()
+    assert not c.build_request().joining  # once routed, it stays serving
+    idle = make()
+    clock.advance(3.0)
+    assert idle.build_request().joining
+    clock.advance(ROUTING_GRACE)
+    assert not idle.build_request().joining  # never routed to: counts with its own demand
+    draining[0] = True
+    assert not make().build_request().joining  # a draining pod gives its share back

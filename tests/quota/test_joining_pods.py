@@ -104,9 +104,15 @@ def heavy_load(pod: PodProcess, rate: float, stop: threading.Event, codes: list[
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("routed_after", [0.0, 2.5], ids=["at-once", "after-the-endpoints-lag"])
 def test_a_pod_reports_ready_only_once_it_holds_a_fair_share_of_a_tenant_over_its_quota(
-    tmp_path: Path, coordinator: str
+    tmp_path: Path, coordinator: str, routed_after: float
 ) -> None:
+    """``after-the-endpoints-lag``: traffic reaches the new pod only 2.5 s after it reports ready
+    (the kubelet's probe period, then the endpoints and the proxies), more than one renewal
+    interval (LEASE / 3). It must still hold a fair share then: before, it stopped counting as
+    joining the moment it reported ready, asked for its own demand (none yet), gave its share back
+    to pod a and met its first requests holding 0 (every one refused until both had renewed)."""
     cfg = pod_config(tmp_path, coordinator)
     pods: list[PodProcess] = []
     stop = threading.Event()
@@ -130,6 +136,7 @@ def test_a_pod_reports_ready_only_once_it_holds_a_fair_share_of_a_tenant_over_it
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
+        time.sleep(routed_after)
         ready_at = time.monotonic()
         share_at_ready = b.metric("sluiceway_tenant_quota_share", tenant="heavy")
         load_b = threading.Thread(target=heavy_load, args=(b, QUOTA, stop, on_b), daemon=True)
@@ -145,7 +152,8 @@ def test_a_pod_reports_ready_only_once_it_holds_a_fair_share_of_a_tenant_over_it
     first = [c for t, c in on_b if t < ready_at + 1.0]
     ok = sum(1 for c in first if c == 200)
     print(
-        f"pod b ready holding {share_at_ready:.2f} of heavy's quota; in its first second {ok} of "
+        f"pod b ready, routed {routed_after:g} s later holding {share_at_ready:.2f} of heavy's quota; "
+        f"in its first second {ok} of "
         f"{len(first)} heavy requests admitted (codes {sorted(set(first))})"
     )
     # half its fair share (1/2 of the quota, the tenant being over it on both pods) at least
