@@ -268,6 +268,8 @@ class Reconciler:
             quota_lease_seconds=self.config.quota_lease_seconds,
             quota_key=self.config.quota_key,
             service_monitor_labels=dict(self.config.service_monitor_labels),
+            pod_log_format=self.config.pod_log_format,
+            pod_tracing_endpoint=self.config.pod_tracing_endpoint,
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None

@@ -136,6 +136,11 @@ class Environment:
     #: Labels of every ServiceMonitor (the operator's ``SLUICEWAY_SERVICEMONITOR_LABELS``, e.g. the
     #: ``release`` label kube-prometheus-stack selects on); the spec's own come on top.
     service_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    #: The pods' log format when ``spec.observability.logFormat`` is unset (``SLUICEWAY_POD_LOG_FORMAT``).
+    pod_log_format: str = "plain"
+    #: The pods' OTLP/HTTP endpoint when ``spec.observability.tracing.endpoint`` is unset
+    #: (``SLUICEWAY_POD_TRACING_ENDPOINT``); None = tracing off.
+    pod_tracing_endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +328,7 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
             "metrics_port": METRICS_PORT,
             "drain_seconds": parse_duration(t.drain),
             "log_level": spec.log_level,
+            **build_server_observability(spec, env),
         },
         "concurrency": {
             "permits": spec.concurrency.permits,
@@ -364,6 +370,9 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         raw["tenants"]["allow_anonymous"] = spec.access.allow_anonymous
     if spec.keyed_tenants:
         raw["tenants"]["keys_file"] = f"{KEYS_DIR}/{KEYS_FILE}"
+    tracing = build_tracing(owner, spec, env)
+    if tracing is not None:
+        raw["tracing"] = tracing
     quota = build_quota(owner, spec, env) if env is not None else None
     if quota is not None:
         raw["quota"] = quota
@@ -371,6 +380,33 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         return build_config(raw)
     except ConfigError as err:
         raise SpecError(f"the pod config is invalid: {err}") from None
+
+
+def build_server_observability(spec: InferenceServiceSpec, env: Environment | None) -> dict[str, Any]:
+    """The pod config's ``server.logFormat`` and ``server.accessLog``: the spec's
+    ``observability``, else the operator's default log format. Only what differs from the pod's
+    defaults is rendered, so the config hash of a service that sets none of it stays as it was."""
+    o = spec.observability
+    out: dict[str, Any] = {}
+    log_format = o.log_format or (env.pod_log_format if env is not None else "plain")
+    if log_format != "plain":  # the pod's default stays unrendered: an operator upgrade rolls no pods
+        out["log_format"] = log_format
+    if o.access_log.enabled:
+        percent = 100 if o.access_log.sample_percent is None else o.access_log.sample_percent
+        out["access_log"] = {"enabled": True, "sample_rate": percent / 100}
+    return out
+
+
+def build_tracing(owner: Owner, spec: InferenceServiceSpec, env: Environment | None) -> dict[str, Any] | None:
+    """The pod config's ``tracing``: on when the spec or the operator's default names an endpoint
+    and the spec does not say ``enabled: false``; ``service.name`` defaults to the InferenceService's
+    name. None = tracing off (the pod's default)."""
+    t = spec.observability.tracing
+    endpoint = t.endpoint or (env.pod_tracing_endpoint if env is not None else None)
+    if not t.enabled or endpoint is None:
+        return None
+    percent = 100 if t.sample_percent is None else t.sample_percent
+    return {"endpoint": endpoint, "sample_ratio": percent / 100, "service_name": t.service_name or owner.name}
 
 
 def keys_text(key_hashes: Mapping[str, str], salt: bytes | None) -> str:

@@ -366,6 +366,49 @@ class MonitoringSpec(_Model):
     interval: Duration = "15s"
 
 
+class AccessLogSpec(_Model):
+    """``observability.accessLog``: the pod's sampled access log (``server.accessLog``)."""
+
+    enabled: bool = False
+    sample_percent: int | None = Field(default=None, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _needs_enabled(self) -> AccessLogSpec:
+        if self.sample_percent is not None and not self.enabled:
+            raise ValueError("accessLog.samplePercent needs accessLog.enabled: true (the access log is off by default)")
+        return self
+
+
+class TracingSpec(_Model):
+    """``observability.tracing``: the pod's OpenTelemetry spans (``tracing`` of the pod config)."""
+
+    enabled: bool = True
+    endpoint: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s/]+(/\S*)?$")
+    sample_percent: int | None = Field(default=None, ge=0, le=100)
+    service_name: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+
+    @model_validator(mode="after")
+    def _off_means_off(self) -> TracingSpec:
+        if not self.enabled and (
+            self.endpoint is not None or self.sample_percent is not None or self.service_name is not None
+        ):
+            raise ValueError(
+                "tracing.enabled: false turns tracing off: leave out endpoint, samplePercent and serviceName"
+            )
+        return self
+
+
+class ObservabilitySpec(_Model):
+    """``observability``: the pods' logs and traces; unset fields take the operator's defaults
+    (``SLUICEWAY_POD_LOG_FORMAT``, ``SLUICEWAY_POD_TRACING_ENDPOINT``)."""
+
+    log_format: Literal["plain", "json"] | None = None
+    access_log: AccessLogSpec = Field(default_factory=AccessLogSpec)
+    tracing: TracingSpec = Field(default_factory=TracingSpec)
+
+
 class InferenceServiceSpec(_Model):
     """``spec`` of an InferenceService, defaults applied. Cross-field rules mirror the CRD's CEL."""
 
@@ -387,6 +430,7 @@ class InferenceServiceSpec(_Model):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
 
     @model_validator(mode="after")
     def _cross(self) -> InferenceServiceSpec:

@@ -269,6 +269,17 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         # issue 23: ServiceMonitor labels are label pairs
         ({"monitoring": {"serviceMonitorLabels": {"bad key": "x"}}}, "serviceMonitorLabels keys must be label keys"),
         ({"monitoring": {"serviceMonitorLabels": {"release": "bad value"}}}, "spec.monitoring.serviceMonitorLabels"),
+        # issue 23 §3: the pods' observability, bounded
+        ({"observability": {"logFormat": "xml"}}, "spec.observability.logFormat"),
+        ({"observability": {"accessLog": {"enabled": True, "samplePercent": 101}}}, "spec.observability.accessLog"),
+        ({"observability": {"accessLog": {"samplePercent": 10}}}, "accessLog.samplePercent needs accessLog.enabled"),
+        ({"observability": {"tracing": {"endpoint": "otel:4318"}}}, "spec.observability.tracing.endpoint"),
+        ({"observability": {"tracing": {"samplePercent": -1}}}, "spec.observability.tracing.samplePercent"),
+        ({"observability": {"tracing": {"serviceName": "Not_A_Label"}}}, "spec.observability.tracing.serviceName"),
+        (
+            {"observability": {"tracing": {"enabled": False, "endpoint": "http://otel:4318/v1/traces"}}},
+            "tracing.enabled: false turns tracing off",
+        ),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -295,6 +306,14 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         {"autoscaling": {"engine": "builtin", "scaleDown": {"stabilizationWindow": "20s"}}},
         {"monitoring": {"serviceMonitorLabels": {"release": "kube-prometheus-stack", "example.com/team": "ml"}}},
         {"autoscaling": {"pollingInterval": "2s"}},
+        {
+            "observability": {
+                "logFormat": "json",
+                "accessLog": {"enabled": True, "samplePercent": 0},
+                "tracing": {"endpoint": "https://otel.example/v1/traces", "samplePercent": 100, "serviceName": "a"},
+            }
+        },
+        {"observability": {"tracing": {"enabled": False}}},
     ],
 )
 def test_the_crd_the_operator_and_the_pod_accept_the_same(admin: Admin, spec: dict[str, Any]) -> None:
