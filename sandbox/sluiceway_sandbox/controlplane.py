@@ -228,6 +228,8 @@ def bin_dir(root: Path, build: bool, progress: Any = None) -> Path:
     if not build:
         raise FileNotFoundError(f"control plane not built in {d}: run tools/build-kube.sh")
     if progress:
-        progress("building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd (first run only, ~15 min)")
+        progress(
+            "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd (first run only, ~15 min)"
+        )
     res = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=True)
     return Path(res.stdout.strip().splitlines()[-1])
