@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sluiceway_core.logformat import FORMATS, configure_logging
 
 from .app import Gateway
 from .config import GatewayConfig, GatewayConfigError, load_gateway_config
@@ -54,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--loop", default="auto", choices=["auto", "uvloop", "asyncio"],
                    help="event loop: uvloop when installed (auto), or the standard one (bench/gateway_overhead.py)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", default="plain", choices=list(FORMATS),
+                   help="plain (default) or json: one object per line (time, level, logger, message)")
     return p
 
 
@@ -121,7 +124,7 @@ async def run(config: GatewayConfig, drain_seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(ns.log_level, ns.log_format)
     try:
         config = load_gateway_config(ns.config, _overrides(ns))
     except GatewayConfigError as err:

@@ -23,12 +23,12 @@ import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
+from sluiceway_core.logformat import FORMATS, configure_logging
 from sluiceway_core.promauth import PromAuthError, load_prom_auth
 from sluiceway_core.quota_charter import load_key
 from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.access import AllowList
-from sluiceway_scaler.logs import FORMATS, configure_logging
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.prom import PrometheusSource
 from sluiceway_scaler.quota_server import QuotaCoordinator, serve_quota

@@ -87,7 +87,7 @@ def test_a_bad_log_format_is_refused() -> None:
 
 
 def test_json_formatter_keeps_a_traceback_and_line_breaks_inside_one_line() -> None:
-    from sluiceway_scaler.logs import configure_logging
+    from sluiceway_core.logformat import configure_logging
 
     stream = io.StringIO()
     configure_logging("info", "json", stream)

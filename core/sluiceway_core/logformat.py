@@ -1,4 +1,5 @@
-"""The scaler's log lines: ``plain`` (``time level logger: message``) or ``json`` (``--log-format``).
+"""Log lines of the scaler and the gateway: ``plain`` (``time level logger: message``) or ``json``
+(their ``--log-format``).
 
 JSON: one object per line with ``time`` (UTC, RFC 3339 with milliseconds), ``level``, ``logger``,
 ``message``, and ``exception`` (the formatted traceback) when there is one; line breaks inside a
