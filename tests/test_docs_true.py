@@ -46,17 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: (file, reference) named wrongly today, with the fix (files owned by others: the lead applies them)
 KNOWN_WRONG_PATHS: dict[tuple[str, str], str] = {
-    ("bench/scalesim/model.py", "tests/scalesim/test_calibration.py"): (
-        "docstring line 12: tests/scalesim/test_calibration.py -> "
-        "tests/scalesim/test_scalesim.py::test_fluid_model_agrees_with_the_pods_admission_core"
-    ),
-    ("bench/scalesim/calibrate.py", "tests/scalesim/test_calibration.py"): (
-        "docstring line 6: same fix as bench/scalesim/model.py"
-    ),
-    ("docs/scalesim.md", "tests/scalesim/test_calibration"): (
-        "line 73: '`tests/scalesim/test_calibration` (in `tests/scalesim/test_scalesim.py`)' -> "
-        "'`tests/scalesim/test_scalesim.py::test_fluid_model_agrees_with_the_pods_admission_core`'"
-    ),
 }
 
 #: (file, first line of the curl) wrong today, with the fix

@@ -3,7 +3,9 @@
 :func:`admission_core_run` drives one :class:`~sluiceway_pod.admission.AdmissionCore` (the code
 the pod runs) with Poisson arrivals and exponential service times on a manual clock, and counts
 what the pod would answer. :func:`fluid_run` runs the simulator's :class:`FluidQueue` for the
-same replica and load. ``tests/scalesim/test_calibration.py`` checks that they agree.
+same replica and load.
+``tests/scalesim/test_scalesim.py::test_fluid_model_agrees_with_the_pods_admission_core``
+checks that they agree.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ The model is a *fluid* approximation, fast enough for 1,000 replicas over 24 h: 
 evenly over the ready replicas (as kube-proxy does on average); under load the backlog is a number,
 not a list of requests; while the offered load is below capacity, the random part of queueing comes
 from the closed forms in :mod:`sluiceway_core.queueing` (M/M/c/K blocking for 429s, the M/M/c wait
-quantile for wait p95). ``tests/scalesim/test_calibration.py`` checks this model against the pod's
+quantile for wait p95).
+``tests/scalesim/test_scalesim.py::test_fluid_model_agrees_with_the_pods_admission_core``
+checks this model against the pod's
 real :class:`~sluiceway_pod.admission.AdmissionCore`, driven request by request.
 
 Pods: a replica asked for starts after a start-up delay drawn from :class:`Startup` in phases (a
