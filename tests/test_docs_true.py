@@ -108,7 +108,13 @@ def doc_sources() -> Iterator[tuple[str, str]]:
 
 
 def _ignored(ref: str) -> bool:
-    return subprocess.run(["git", "check-ignore", "-q", ref], cwd=ROOT, check=False).returncode == 0
+    """Ignored by git, as a file or as a folder: a pattern ending in ``/`` (``/bench/results/``) matches
+    only a folder, and in a fresh clone, where the folder does not exist yet, only the spelling with
+    the slash tells git it is one."""
+    return any(
+        subprocess.run(["git", "check-ignore", "-q", "--no-index", r], cwd=ROOT, check=False).returncode == 0
+        for r in (ref, ref.rstrip("/") + "/")
+    )
 
 
 def path_exists(ref: str, test: str | None = None) -> bool:
