@@ -15,18 +15,23 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
-__all__ = ["FORMATS", "JsonFormatter", "configure_logging"]
+__all__ = ["FORMATS", "PLAIN_FORMAT", "JsonFormatter", "configure_logging"]
 
 FORMATS = ("plain", "json")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line (module doc)."""
+    """One JSON object per line (module doc). Subclasses add fields with :meth:`extra_fields` (the
+    pod: its request id and access-log fields) and may serialise :meth:`document` otherwise."""
 
-    def format(self, record: logging.LogRecord) -> str:
+    def extra_fields(self, record: logging.LogRecord) -> Mapping[str, Any]:
+        return {}
+
+    def document(self, record: logging.LogRecord) -> dict[str, Any]:
         t = record.created
         doc: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z",
@@ -34,13 +39,17 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        doc.update(self.extra_fields(record))
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             doc["exception"] = record.exc_text
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(doc, ensure_ascii=False, default=str)
+        return doc
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(self.document(record), ensure_ascii=False, default=str)
 
 
 def build_formatter(fmt: str) -> logging.Formatter:

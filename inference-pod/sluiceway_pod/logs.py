@@ -26,12 +26,12 @@ import os
 import random
 import re
 import sys
-import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import IO, Any
 
 import orjson
+from sluiceway_core import logformat
 from sluiceway_core.config import AccessLogConfig
 
 #: The id of the request being served (set by the fast path for the task that serves it).
@@ -40,7 +40,7 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("sluiceway_request_id", default=
 REQUEST_ID_HEADER = "x-request-id"
 _RID_OK = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
 
-PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+PLAIN_FORMAT = logformat.PLAIN_FORMAT
 
 
 def request_id(raw: str | None) -> str:
@@ -56,28 +56,22 @@ _PREFIX = os.urandom(4).hex()
 _SERIAL = itertools.count(1)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line (module doc)."""
+class JsonFormatter(logformat.JsonFormatter):
+    """One JSON object per line (module doc): the shared fields (:mod:`sluiceway_core.logformat`),
+    plus the request id and an access line's fields; serialised with orjson."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        t = record.created
-        doc: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+    def extra_fields(self, record: logging.LogRecord) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         rid = REQUEST_ID.get()
         if rid is not None:
-            doc["requestId"] = rid
+            out["requestId"] = rid
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            doc.update(fields)
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            doc["exception"] = record.exc_text
-        return orjson.dumps(doc, default=str).decode()
+            out.update(fields)
+        return out
+
+    def format(self, record: logging.LogRecord) -> str:
+        return orjson.dumps(self.document(record), default=str).decode()
 
 
 class PlainFormatter(logging.Formatter):
