@@ -216,11 +216,14 @@ def test_tenant_rate_holds_service_wide_across_connections(
     print("answers:", dict(got), f"span {span:.2f}s", "retry-after:", retry_after)
     admitted = got[("k-limited", 200)]
     assert admitted <= 5 + 10 * span + 1, admitted  # burst + rate x time, one gateway for the service
-    # and no more refused than the bucket must: when the last 429 was decided the bucket was empty, so
-    # at least burst + rate x (that moment - the first request's arrival) had been admitted by then
-    first_answer = min(x[1] for x in limited)
+    # and no more refused than the bucket must. The first refusal was decided (bucket empty) before its
+    # answer came, the last one (bucket empty again) after it was sent; in between the bucket refilled
+    # at 10/s and, under six clients' pressure, never sat full (a full bucket drops its refill: before
+    # the first refusal it may have, while the clients were still opening connections, so the burst
+    # is left out). CI once failed a bound that counted the burst from the first answer: 22 admitted.
+    first_refused_answer = min(x[1] for x in limited if x[3] == 429)
     last_refused_sent = max(x[0] for x in limited if x[3] == 429)
-    assert admitted > 4 + 10 * (last_refused_sent - first_answer), admitted
+    assert admitted >= 10 * (last_refused_sent - first_refused_answer) - 1, admitted
     assert got[("k-limited", 429)] > 0 and retry_after <= {"1"}
     assert got[("k-free", 200)] > 0 and got[("k-free", 429)] == 0  # under its (unlimited) quota: never refused
 
