@@ -316,6 +316,8 @@ class AdmissionCore(Generic[P]):
         if tq is None:
             tq = _TenantQueue(tenant, [deque() for _ in range(self.settings.num_classes)])
             self._tenants[tenant.name] = tq
+        elif tq.tenant is not tenant:
+            tq.tenant = tenant  # the tenant's limits were reloaded: its next requests follow them
         return tq
 
     def _reject(self, err: SluicewayError, tenant: Tenant, priority: str) -> SluicewayError:

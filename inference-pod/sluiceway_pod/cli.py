@@ -48,6 +48,21 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     return tree
 
 
+def _reload_seconds(flag: float | None, env: str | None, default: float) -> float:
+    """The reload period: the flag, else ``SLUICEWAY_RELOAD_SECONDS``, else ``default``. 0 is off."""
+    value = flag
+    if value is None and env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"SLUICEWAY_RELOAD_SECONDS: {env!r} is not a number of seconds") from None
+    if value is None:
+        return default
+    if not 0 <= value <= 3600:
+        raise ValueError(f"--reload-seconds: {value:g} is not within 0..3600")
+    return value
+
+
 DESCRIPTION = "sluiceway-pod: serve one model over the Open Inference Protocol v2, with admission control."
 
 EPILOG = """\
@@ -123,6 +138,13 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument(
             "--log-format", choices=["plain", "json"], help="plain text, or one JSON object per line (default plain)"
         )
+        s.add_argument(
+            "--reload-seconds",
+            type=float,
+            metavar="SECONDS",
+            help="how often the tenants section and the keys file are checked for changes and reloaded "
+            "(default SLUICEWAY_RELOAD_SECONDS, else 2; 0 turns the reload off)",
+        )
     f = sub.add_parser(
         "fetch",
         help="download a model from object storage (the storage initializer)",
@@ -168,9 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     from .logs import configure_logging
 
     configure_logging(cfg.server.log_level, cfg.server.log_format)
+    import os
+
+    from .reload import DEFAULT_PERIOD, Source
     from .server import run
 
-    return run(cfg)
+    path = ns.config or os.environ.get("SLUICEWAY_CONFIG") or None
+    try:
+        period = _reload_seconds(ns.reload_seconds, os.environ.get("SLUICEWAY_RELOAD_SECONDS"), DEFAULT_PERIOD)
+    except ValueError as e:
+        print(f"sluiceway-pod: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    return run(cfg, Source(path, _flags(ns), dict(os.environ)), period)
 
 
 if __name__ == "__main__":

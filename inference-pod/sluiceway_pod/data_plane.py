@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sluiceway_core.config import PodConfig
+from sluiceway_core.config import PodConfig, TenantsConfig
+from sluiceway_core.keys import KeyFile
 
 from .adaptive import AdaptiveLimit, build_adaptive
 from .admission import AdmissionCore, AdmissionSettings, rate_limited
@@ -326,6 +327,13 @@ class DataPlane:
             sizing.service_time,
             sizing.peak_bytes_per_request,
         )
+
+    def apply_tenants(self, tenants: TenantsConfig, keys: KeyFile) -> None:
+        """Swap in reloaded tenants and keys (:mod:`sluiceway_pod.reload`), in one synchronous call
+        on the loop. Raises ValueError (nothing changed) when they do not fit this pod."""
+        new_labels = self.tenants.replace(tenants, keys)
+        if new_labels:
+            self.metrics.declare(new_labels, self.config.priorities.classes)
 
     def _on_oom(self) -> None:
         """On the loop, after the core dropped a permit for a device OOM."""

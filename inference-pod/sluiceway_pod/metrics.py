@@ -23,6 +23,15 @@ WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 INFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+#: Hot reload of tenants and keys (:mod:`sluiceway_pod.reload`). Read by alerts and the sandbox;
+#: candidates for :mod:`sluiceway_core.metric_names` once another component reads them.
+CONFIG_RELOAD = "sluiceway_config_reload_total"
+CONFIG_RELOAD_FAILING = "sluiceway_config_reload_failing"
+RELOAD_RESULTS = ("applied", "rejected", "restart_required")
+#: How long each phase of this pod's start took (:mod:`sluiceway_pod.startphases`); the operator
+#: reads it for the InferenceService status.
+START_PHASE_SECONDS = "sluiceway_start_phase_seconds"
+
 
 class PodMetrics:
     """Every metric of the pod. It is also the admission core's observer: it implements the
@@ -110,7 +119,31 @@ class PodMetrics:
             m,
             registry=registry,
         )
-        for g in (self.limit, self.in_use, self.gpu_memory, self.ready, self.stuck):
+        self.config_reload = Counter(
+            CONFIG_RELOAD,
+            "Reloads of the tenants section and the keys file, by result: applied, rejected (the file "
+            "on disk is unusable; the keys and limits in force stay), restart_required (a change "
+            "outside tenants, which applies only after a restart).",
+            ["model", "result"],
+            registry=registry,
+        )
+        self.config_reload_failing = Gauge(
+            CONFIG_RELOAD_FAILING,
+            "1 while the tenants config or keys file on disk is rejected (the previous ones stay in force).",
+            m,
+            registry=registry,
+        )
+        self.start_phase = Gauge(
+            START_PHASE_SECONDS,
+            "Seconds each phase of this pod's start took: fetched (the storage initializer), loaded "
+            "(process start to model loaded), warmed (warm-up and the permits probe), ready (the rest, "
+            "to ready).",
+            ["model", "phase"],
+            registry=registry,
+        )
+        for r in RELOAD_RESULTS:
+            self.config_reload.labels(model, r)
+        for g in (self.limit, self.in_use, self.gpu_memory, self.ready, self.stuck, self.config_reload_failing):
             g.labels(model)
         for c in (self.enqueued, self.dequeued, self.oom):
             c.labels(model)

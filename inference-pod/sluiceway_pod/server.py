@@ -38,6 +38,7 @@ from .app import build_admin_app, build_app
 from .data_plane import DataPlane
 from .fastpath import InferFastPath
 from .metrics import PodMetrics
+from .reload import DEFAULT_PERIOD, Source, TenantReloader
 from .transport import inference_protocol
 
 log = logging.getLogger("sluiceway.server")
@@ -52,10 +53,13 @@ class _AdminServer(uvicorn.Server):
 
 
 class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, plane: DataPlane, admin: uvicorn.Server) -> None:
+    def __init__(
+        self, config: uvicorn.Config, plane: DataPlane, admin: uvicorn.Server, reloader: TenantReloader | None = None
+    ) -> None:
         super().__init__(config)
         self.plane = plane
         self.admin = admin
+        self.reloader = reloader
         self.exit_code = 0
         self.drain_complete = True
         self._drain_task: asyncio.Task[None] | None = None
@@ -94,6 +98,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
         self._admin_task = asyncio.get_running_loop().create_task(self.admin._serve())
         self._start_task = asyncio.get_running_loop().create_task(self._start_model())
+        if self.reloader is not None:
+            self.reloader.start()
 
     async def _start_model(self) -> None:
         try:
@@ -107,6 +113,8 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         await super().shutdown(sockets=sockets)
+        if self.reloader is not None:
+            await self.reloader.stop()
         await self.plane.stop()
         self.admin.should_exit = True
         if self._admin_task is not None:
@@ -144,8 +152,25 @@ def build_inference_uvicorn_config(app: ASGIApp, sc: ServerConfig, plane: DataPl
     )
 
 
-def run(config: PodConfig) -> int:
-    """Serve until drained. Returns the process exit code."""
+def build_reloader(plane: DataPlane, source: Source, period: float) -> TenantReloader:
+    """The tenant reloader of ``plane`` (:mod:`sluiceway_pod.reload`), counting into its metrics."""
+    m, model = plane.metrics, plane.model_name
+    return TenantReloader(
+        source,
+        plane.config,
+        plane.tenants.state,
+        plane.apply_tenants,
+        clock=plane.clock,
+        period=period,
+        result=lambda r: m.config_reload.labels(model, r).inc(),
+        failing=lambda f: m.config_reload_failing.labels(model).set(1 if f else 0),
+    )
+
+
+def run(config: PodConfig, reload_source: Source | None = None, reload_seconds: float = DEFAULT_PERIOD) -> int:
+    """Serve until drained. Returns the process exit code. With ``reload_source`` (where the
+    configuration was read from) and ``reload_seconds`` > 0, the tenants section and the keys file
+    are reloaded when they change (:mod:`sluiceway_pod.reload`)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
@@ -156,7 +181,8 @@ def run(config: PodConfig) -> int:
     admin = _AdminServer(
         uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)
     )
-    server = _Server(uv, plane, admin)
+    reloader = build_reloader(plane, reload_source, reload_seconds) if reload_source and reload_seconds > 0 else None
+    server = _Server(uv, plane, admin, reloader)
     server.run()
     if not server.drain_complete:
         # Every request was answered, but a device thread may still be stuck in the model; the

@@ -8,6 +8,12 @@ caps hold this pod's *share* of each tenant's quota, set by :meth:`TenantRegistr
 a lease (:mod:`sluiceway_pod.quota_client`); before the first lease and when a lease runs out the
 share is ``quota / replicas`` (:func:`sluiceway_core.quota.fallback_share`).
 
+Hot reload (issue 22): :meth:`TenantRegistry.replace` swaps the keys and the limits in one
+synchronous call on the loop (:mod:`sluiceway_pod.reload` reads and parses the files off the loop):
+a request authenticated before the call keeps its :class:`Tenant` (its admission stands); the next
+one is checked against the new keys and limits. Token buckets keep the tokens they hold (up to a new
+burst), so a reload never refills a bucket.
+
 Keys never leave this module: the key file holds salted hashes only (HMAC-SHA256 with the service's
 salt, :mod:`sluiceway_core.keys`), a presented key is hashed once and compared against every stored
 hash with :func:`hmac.compare_digest` (no early exit), only the tenant *name* is returned, and a
@@ -48,6 +54,10 @@ class KeyStore:
     @classmethod
     def from_file(cls, path: str) -> KeyStore:
         return cls(parse_keys_file(Path(path).read_text(encoding="utf-8")))
+
+    @property
+    def file(self) -> KeyFile:
+        return self._file
 
     def lookup(self, key: str) -> str | None:
         return self._file.lookup(key)
@@ -155,13 +165,49 @@ class TenantRegistry:
                 max_priority_rank=rank,
             )
             self._tenants[name] = t
-            if lim.rate is not None:
+            if lim.rate is not None and name not in self._buckets:
                 burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
                 self._buckets[name] = TokenBucket(lim.rate, burst, self._clock)
                 share = self.share(name)
                 if share is not None and share.rate is not None and share.burst is not None:
                     self._buckets[name].set(share.rate, share.burst)
         return t
+
+    def state(self) -> tuple[TenantsConfig, KeyFile]:
+        """The tenants configuration and keys in force (what a reload compares against)."""
+        return self._config, self._keys.file
+
+    def replace(self, config: TenantsConfig, keys: KeyFile) -> list[str]:
+        """Swap in new keys and limits (a reload). Returns the metric labels that are new.
+
+        Every step is synchronous, so no request sees half of it. Resolved tenants are dropped and
+        resolved again on their next request; a bucket of a tenant that still has a rate keeps its
+        tokens (:meth:`TokenBucket.set`: the new rate and burst, at most the new burst held), a
+        bucket of a tenant that no longer has one goes. Raises ValueError (nothing changed) when a
+        tenant's ``maxPriority`` names a class this pod does not have (classes need a restart)."""
+        for t in config.tenants:
+            if t.max_priority and t.max_priority not in self._classes:
+                raise ValueError(f"tenant {t.name!r}: maxPriority {t.max_priority!r} is not a priority class here")
+        top = config.defaults.max_priority
+        if top and top not in self._classes:
+            raise ValueError(f"tenants.defaults: maxPriority {top!r} is not a priority class here")
+        self._config = config
+        self._keys = KeyStore(keys)
+        self._listed = {t.name: t for t in config.tenants}
+        self._tenants = {}
+        for name in list(self._buckets):
+            lim = self._limits(name)
+            if lim.rate is None:
+                del self._buckets[name]
+                continue
+            self._buckets[name].set(lim.rate, lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate)))
+            share = self.share(name)
+            if share is not None and share.rate is not None and share.burst is not None:
+                self._buckets[name].set(share.rate, share.burst)
+        labels = frozenset([*self._listed, config.anonymous_tenant])
+        new = sorted(labels - self.known_labels)
+        self.known_labels = self.known_labels | labels  # labels stay: their series were exported
+        return new
 
     # ---------------------------------------------------------------- service-wide quotas
     def quota(self, name: str) -> TenantQuota:

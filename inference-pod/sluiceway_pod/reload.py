@@ -1,0 +1,241 @@
+"""Hot reload of the tenant keys and limits (issue 22, §3): no restart when a key rotates or a rate changes.
+
+The keys file (``tenants.keysFile``, the key-hash Secret) and the ``tenants`` section of the config
+file (the operator's ConfigMap) are mounted volumes, which the kubelet updates in place by writing a
+new timestamped directory and swapping the ``..data`` symlink to it. The reloader reads both files
+*through* their paths every ``period`` seconds (default :data:`DEFAULT_PERIOD`), compares their
+content hashes (a symlink swap may keep an old mtime), and when the tenants or the keys parsed from
+them differ from those in force, swaps them in (:meth:`sluiceway_pod.tenancy.TenantRegistry.replace`).
+
+What reloads: every field under ``tenants`` (keys file path, anonymous access, defaults, the listed
+tenants and their limits). Everything else in the config file needs a restart (the operator rolls
+the Deployment for it): a change there is logged once and counted (``restart_required``), and not
+applied.
+
+Failures never crash and never half-apply: a file that is missing, unreadable, larger than
+:data:`MAX_FILE_BYTES` (Kubernetes' own size limit for a ConfigMap or Secret), not UTF-8, not valid
+YAML/JSON, not a valid configuration, or a keys file with a bad line keeps the keys and limits in
+force; the reason is logged once per distinct content (without the content: the keys file names its
+bad line by number only) and ``sluiceway_config_reload_total{result="rejected"}`` counts it, while
+``sluiceway_config_reload_failing`` is 1.
+
+Concurrency model: :class:`TenantReloader` is one task on the server's event loop. Each poll reads
+and parses in a worker thread (:func:`read_tenant_files`: bounded work, no shared state) and applies
+the result back on the loop in one synchronous call, so no request sees half a reload; requests
+admitted before it keep their admission. Time comes from the injected clock and sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from sluiceway_core.config import ConfigError, PodConfig, TenantsConfig, build_config, env_overrides
+from sluiceway_core.keys import KeyFile, parse_keys_text
+
+from .clock import Clock
+
+log = logging.getLogger("sluiceway.reload")
+
+#: Kubernetes refuses a ConfigMap or Secret over 1 MiB, so no mounted file is larger.
+MAX_FILE_BYTES = 1024 * 1024
+#: Seconds between polls. The kubelet itself takes up to its sync period plus its cache TTL (about
+#: a minute by default) to update a mounted volume; polling faster costs two small reads.
+DEFAULT_PERIOD = 2.0
+
+
+class ReloadError(Exception):
+    """A file the reload cannot use. The message names the file and the reason, never its content."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the configuration came from at start: read again the same way on every poll."""
+
+    config_file: str | None
+    flags: Mapping[str, Any]
+    environ: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class TenantFiles:
+    """What one poll read: the tenants and keys, and the rest of the configuration (for the
+    restart-required check). ``digest`` covers the bytes of both files."""
+
+    digest: str
+    tenants: TenantsConfig
+    keys: KeyFile
+    config: PodConfig
+
+
+def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The file's bytes, read through any symlinks (``..data``); ReloadError when it is larger than
+    ``limit`` (at most ``limit + 1`` bytes are read) or cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise ReloadError(f"{path}: cannot be read: {e.strerror or type(e).__name__}") from None
+    if len(data) > limit:
+        raise ReloadError(f"{path}: larger than {limit} bytes")
+    return data
+
+
+def _parse_config(path: str, data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReloadError(f"{path}: not UTF-8") from None
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ReloadError(f"{path}: not valid YAML/JSON{at}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ReloadError(f"{path}: the top level must be a mapping")
+    return doc
+
+
+def read_tenant_files(source: Source, limit: int = MAX_FILE_BYTES) -> TenantFiles:
+    """Read and parse the config file and the keys file it names. Raises ReloadError."""
+    h = hashlib.sha256()
+    layer: dict[str, Any] = {}
+    if source.config_file is not None:
+        raw = read_capped(source.config_file, limit)
+        h.update(len(raw).to_bytes(8, "big") + raw)
+        layer = _parse_config(source.config_file, raw)
+    try:
+        config = build_config(env_overrides(source.environ), layer, source.flags)
+    except ConfigError as e:
+        raise ReloadError(f"{source.config_file or 'the configuration'}: {e}") from None
+    keys = KeyFile(None, ())
+    path = config.tenants.keys_file
+    if path is not None:
+        raw = read_capped(path, limit)
+        h.update(raw)
+        try:
+            keys = parse_keys_text(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ReloadError(f"{path}: not UTF-8") from None
+        except ValueError as e:  # names the line by number, never its content
+            raise ReloadError(f"{path}: {e}") from None
+    return TenantFiles(h.hexdigest(), config.tenants, keys, config)
+
+
+def outside_tenants(running: PodConfig, new: PodConfig) -> list[str]:
+    """Top-level config sections other than ``tenants`` that differ (they need a restart)."""
+    a = running.model_dump(exclude={"tenants"})
+    b = new.model_dump(exclude={"tenants"})
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+class TenantReloader:
+    """Polls the files and swaps tenants and keys in when they change. ``result(name)`` is called
+    once per outcome worth counting: ``applied``, ``rejected``, ``restart_required``; ``failing``
+    with True while the files on disk are rejected, False once they are good again."""
+
+    def __init__(
+        self,
+        source: Source,
+        running: PodConfig,
+        current: Callable[[], tuple[TenantsConfig, KeyFile]],
+        apply: Callable[[TenantsConfig, KeyFile], None],
+        *,
+        clock: Clock,
+        period: float = DEFAULT_PERIOD,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        result: Callable[[str], None] = lambda _r: None,
+        failing: Callable[[bool], None] = lambda _f: None,
+        limit: int = MAX_FILE_BYTES,
+    ) -> None:
+        self.source = source
+        self.running = running
+        self._current = current
+        self._apply = apply
+        self.clock = clock
+        self.period = period
+        self._sleep = sleep
+        self._result = result
+        self._failing = failing
+        self.limit = limit
+        self._seen: str | None = None  # digest of the last content handled (applied, rejected or equal)
+        self._warned: tuple[str, ...] = ()  # sections outside tenants last reported as changed
+        self._task: asyncio.Task[None] | None = None
+        self.applied = 0
+
+    async def poll(self) -> str:
+        """One poll: ``unchanged``, ``applied`` or ``rejected``."""
+        try:
+            files = await asyncio.to_thread(read_tenant_files, self.source, self.limit)
+        except ReloadError as e:
+            return self._reject(str(e), None)
+        if files.digest == self._seen:
+            return "unchanged"
+        self._failing(False)
+        outside = tuple(outside_tenants(self.running, files.config))
+        if outside and outside != self._warned:
+            log.warning(
+                "config file: %s changed; only the tenants section reloads, the rest applies after a restart",
+                ", ".join(outside),
+            )
+            self._result("restart_required")
+        self._warned = outside
+        if (files.tenants, files.keys) == self._current():
+            self._seen = files.digest
+            return "unchanged"
+        try:
+            self._apply(files.tenants, files.keys)
+        except ValueError as e:
+            return self._reject(f"tenants: {e}", files.digest)
+        self._seen = files.digest
+        self.applied += 1
+        log.info(
+            "reloaded tenants: %d listed, %d keys, anonymous %s",
+            len(files.tenants.tenants),
+            len(files.keys.entries),
+            "on" if files.tenants.anonymous_allowed else "off",
+        )
+        self._result("applied")
+        return "applied"
+
+    def _reject(self, why: str, digest: str | None) -> str:
+        key = digest or why
+        if key != self._seen:
+            log.error("tenant reload rejected, keeping the keys and limits in force: %s", why)
+            self._result("rejected")
+            self._seen = key
+        self._failing(True)
+        return "rejected"
+
+    async def run(self) -> None:
+        """Poll every ``period`` seconds until cancelled. Never raises but CancelledError."""
+        while True:
+            due = self.clock.now() + self.period
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a defect here must not end the reloads, nor the pod
+                log.exception("tenant reload failed")
+            await self._sleep(max(0.0, due - self.clock.now()))
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-reload")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
