@@ -17,14 +17,22 @@ from ..netns import index_of_ip, ip_for_index, list_netns, pod_network_down
 from ..state import recorded, stop
 from .images import Images
 from .node import build_node, capacity, register, renew_lease
-from .pods import NodeContext, PodWorker
+from .pods import VOLUME_SYNC_SECONDS, NodeContext, PodWorker
 
 log = logging.getLogger("sluiceway.sandbox.agent")
 JSON = dict[str, Any]
 
 
 class Agent:
-    def __init__(self, layout: Layout, cpu: int, gpus: int, binaries: dict[str, Path], version: str) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        cpu: int,
+        gpus: int,
+        binaries: dict[str, Path],
+        version: str,
+        volume_sync_seconds: float = VOLUME_SYNC_SECONDS,
+    ) -> None:
         self.layout = layout
         self.kube = Kube.as_identity(layout, "node")
         self.cap = capacity(cpu, gpus)
@@ -40,6 +48,7 @@ class Agent:
             allocatable=self.cap,
             allocate_ip=self.allocate_ip,
             release_ip=self.release_ip,
+            volume_sync_seconds=volume_sync_seconds,
         )
 
     def allocate_ip(self, uid: str, preferred: str | None = None) -> str:
@@ -146,6 +155,14 @@ def main(argv: list[str] | None = None) -> None:
         help="map an image repository to an executable (KEDA's programs)",
     )
     ap.add_argument("--version", default="v1.34.4-sandbox")
+    ap.add_argument(
+        "--volume-sync-seconds",
+        type=float,
+        default=VOLUME_SYNC_SECONDS,
+        metavar="SECONDS",
+        help="how often ConfigMap/Secret volumes of running pods are synced with the API "
+        f"(default {VOLUME_SYNC_SECONDS:g}; the kubelet: its 1 min sync period plus its cache TTL)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
     layout = layout_for(args.state_dir)
@@ -153,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.binary:
         image, _, path = item.partition("=")
         binaries[image] = Path(path)
-    agent = Agent(layout, args.cpu, args.gpus, binaries, args.version)
+    if not 0.5 <= args.volume_sync_seconds <= 3600:
+        ap.error("--volume-sync-seconds must be within 0.5..3600")
+    agent = Agent(layout, args.cpu, args.gpus, binaries, args.version, args.volume_sync_seconds)
     agent.clean_leftovers()
 
     def on_term(signum: int, frame: object) -> None:

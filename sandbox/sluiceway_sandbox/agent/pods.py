@@ -31,8 +31,14 @@ from .volumes import Mount, VolumeError, materialise, mounts_for
 
 log = logging.getLogger("sluiceway.sandbox.agent")
 JSON = dict[str, Any]
-#: how often volumes (and so ServiceAccount tokens, valid ~1 h) are projected again
-VOLUME_REFRESH_SECONDS = 600.0
+#: How often configMap, secret, downwardAPI and projected volumes are synced with the API (the
+#: kubelet's periodic sync, issue 22): a changed Secret reaches a running pod's files within this
+#: plus one API read. The kubelet takes up to its sync period (1 min) plus its cache TTL; the
+#: sandbox uses 10 s so that a key rotation test waits seconds, not minutes. ``--volume-sync-seconds``.
+VOLUME_SYNC_SECONDS = 10.0
+#: How long a projected ServiceAccount token is reused before a new one is requested (tokens are
+#: valid about an hour; the kubelet renews at 80% of their life).
+TOKEN_REFRESH_SECONDS = 600.0
 
 
 def now_iso() -> str:
@@ -53,6 +59,8 @@ class NodeContext:
     #: (layout, pod uid, ip) -> netns name, and its undo: injected so tests can run without root
     network_up: Callable[[Layout, str, str], str] = pod_network_up
     network_down: Callable[[str], None] = pod_network_down
+    #: seconds between volume syncs of a running pod (:data:`VOLUME_SYNC_SECONDS`)
+    volume_sync_seconds: float = VOLUME_SYNC_SECONDS
 
 
 @dataclass
@@ -131,6 +139,10 @@ class PodWorker(threading.Thread):
         self.setup_error: tuple[str, str] | None = None
         self.setup_ok = False
         self.terminal = False
+        #: (namespace, serviceaccount, audience, expiration) -> (token, when requested): a volume
+        #: sync every few seconds must not request a token every time
+        self._tokens: dict[tuple[str, str, str | None, int], tuple[str, float]] = {}
+        self._sync_error: str | None = None
 
     # --- inputs from the watch -------------------------------------------------------------------
     def update(self, pod: JSON) -> None:
@@ -162,6 +174,18 @@ class PodWorker(threading.Thread):
         return data
 
     def token(self, ns: str, sa: str, audience: str | None, expiration: int, pod: JSON) -> str:
+        """A token for a projected volume: the one requested within :data:`TOKEN_REFRESH_SECONDS`,
+        else a new one (TokenRequest)."""
+        key = (ns, sa, audience, expiration)
+        held = self._tokens.get(key)
+        now = time.monotonic()
+        if held is not None and now - held[1] < TOKEN_REFRESH_SECONDS:
+            return held[0]
+        tok = self._request_token(ns, sa, audience, expiration)
+        self._tokens[key] = (tok, now)
+        return tok
+
+    def _request_token(self, ns: str, sa: str, audience: str | None, expiration: int) -> str:
         spec: JSON = {
             "expirationSeconds": max(expiration, 600),
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": self.pod_name, "uid": self.uid},
@@ -214,7 +238,7 @@ class PodWorker(threading.Thread):
 
     def _run(self) -> None:
         next_setup = 0.0
-        next_refresh = time.monotonic() + VOLUME_REFRESH_SECONDS
+        next_refresh = time.monotonic() + self.ctx.volume_sync_seconds
         while not self.gone.is_set():
             if self._deleting():
                 self._terminate_gracefully()
@@ -227,7 +251,7 @@ class PodWorker(threading.Thread):
                 self._step(now)
                 if now >= next_refresh:
                     self._refresh_volumes()
-                    next_refresh = now + VOLUME_REFRESH_SECONDS
+                    next_refresh = now + self.ctx.volume_sync_seconds
             self._report()
             self.gone.wait(0.25)
         self._kill_all(0)
@@ -284,12 +308,17 @@ class PodWorker(threading.Thread):
             raise
 
     def _refresh_volumes(self) -> None:
-        """Re-project ConfigMap/Secret/token volumes in place, as the kubelet's periodic sync does
-        (ServiceAccount tokens expire after about an hour; the clients re-read the file)."""
+        """Sync ConfigMap/Secret/downwardAPI/projected volumes with the API, as the kubelet's
+        periodic sync does: a volume whose content changed is swapped atomically (``..data``), the
+        others are left alone; ServiceAccount tokens are renewed every :data:`TOKEN_REFRESH_SECONDS`.
+        A source that cannot be read keeps what the volume held, with one warning per new error."""
         try:
             self.volumes = materialise(self.dir, self._snapshot(), self.lookup, self.token)
+            self._sync_error = None
         except (EnvError, VolumeError, KubeError, OSError) as err:
-            log.warning("%s/%s: volume refresh failed: %s", self.ns, self.pod_name, err)
+            if str(err) != self._sync_error:
+                log.warning("%s/%s: volume sync failed, volumes kept as they are: %s", self.ns, self.pod_name, err)
+            self._sync_error = str(err)
 
     def _argv(self, c: Container) -> runtime.Launch:
         pod = self._snapshot()
