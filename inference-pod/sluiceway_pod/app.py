@@ -126,13 +126,19 @@ def build_app(plane: DataPlane) -> InferFastPath:
 
 
 def build_admin_app(plane: DataPlane, registry: CollectorRegistry) -> FastAPI:
-    """The metrics port: ``/metrics``, the health probes and ``/openapi.json``, nothing a tenant calls."""
+    """The metrics port: ``/metrics``, the health probes, ``/openapi.json`` and ``/debug/start`` (the
+    start phases), nothing a tenant calls."""
     app = FastAPI(title="sluiceway-pod-admin", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     _add_probes(app, plane)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/debug/start")
+    async def start_phases() -> JSONResponse:
+        """How long each phase of this pod's start took (:mod:`sluiceway_pod.startphases`)."""
+        return JSONResponse(plane.phases.document())
 
     @app.get("/openapi.json")
     async def openapi() -> JSONResponse:

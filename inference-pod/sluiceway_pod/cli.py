@@ -174,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import time
+
+    started = (time.monotonic(), time.time())  # the origin of the start phases (sluiceway_pod.startphases)
     ns = parser().parse_args(argv)
     if ns.command == "fetch":
         from .fetch import main as fetch_main
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"sluiceway-pod: invalid configuration: {e}", file=sys.stderr)
         return 2
-    return run(cfg, Source(path, _flags(ns), dict(os.environ)), period)
+    return run(cfg, Source(path, _flags(ns), dict(os.environ)), period, started)
 
 
 if __name__ == "__main__":

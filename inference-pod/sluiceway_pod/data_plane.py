@@ -72,6 +72,7 @@ from .protocol import (
 from .quota_client import QuotaClient, start_quota_client
 from .runtime import Sizing, allocated_bytes, measure, release_cache
 from .sizing import memory_probe_for
+from .startphases import StartPhases, model_dir, read_fetch_record
 from .tenancy import OTHER, Tenant, TenantRegistry
 from .tracing import build_tracer
 
@@ -200,10 +201,20 @@ class DataPlane:
         *,
         clock: Clock | None = None,
         runner_factory: Callable[[PodConfig], Runner] | None = None,
+        started: tuple[float, float] | None = None,
     ) -> None:
+        """``started``: (monotonic, wall-clock) seconds when the process started, the origin of the
+        ``loaded`` start phase (default: now)."""
         self.config = config
         self.metrics = metrics
         self.clock = clock or MonotonicClock()
+        phase_gauge = metrics.start_phase
+        self.phases = StartPhases(
+            self.clock,
+            started=started,
+            fetch=read_fetch_record(model_dir(config.model.spec)),
+            on_phase=lambda phase, seconds: phase_gauge.labels(config.model.name, phase).set(seconds),
+        )
         self._runner_factory = runner_factory or (lambda c: load_runner(c.model))
         self.tenants = TenantRegistry(
             config.tenants, list(config.priorities.classes), self.clock, default_priority=config.priorities.default
@@ -253,6 +264,7 @@ class DataPlane:
     async def start(self) -> None:
         """Load, warm up, size, then turn ready. Raises on a model that cannot load."""
         runner = await asyncio.to_thread(self._runner_factory, self.config)
+        self.phases.mark("loaded")
         sizing = await asyncio.to_thread(measure, runner, self.config)
         fb = self.config.degradation.fallback if self.config.degradation.enabled else None
         if fb is not None:
@@ -265,6 +277,7 @@ class DataPlane:
             self.fallback = fallback
             self._fallback_slots = FallbackSlots(fb.permits)
             self._fallback_pool = ThreadPoolExecutor(fb.permits, thread_name_prefix="sluiceway-fallback")
+        self.phases.mark("warmed")
         self.runner, self.sizing = runner, sizing
         by_shape = max_request_bytes(runner.inputs)
         if by_shape is not None and by_shape < self.body_limit:
@@ -317,6 +330,10 @@ class DataPlane:
         self.ready = True
         self.loaded = True
         self.metrics.ready.labels(self.model_name).set(1)
+        self.phases.mark("ready")
+        log.info(
+            "start phases (seconds): %s", " ".join(f"{p}={s:.3f}" for p, s in self.phases.seconds().items())
+        )
         log.info(
             "model %s ready on %s: permits=%d batch=%d max_queue=%d service=%.4fs peak/request=%s",
             self.model_name,

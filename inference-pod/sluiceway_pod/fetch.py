@@ -21,7 +21,9 @@ Each file is written to ``NAME.part`` and renamed when complete and verified. A 
 retried (``--retries``, exponential backoff) from where it stopped with ``Range``; a ``.part`` left by
 an earlier run (an init container restarted on the same ``emptyDir``) resumes too. A finished fetch
 writes ``.sluiceway-fetched`` (the URI and each file's sha256), and a later fetch of the same URI into
-the same directory is a no-op (a node cache directory).
+the same directory is a no-op (a node cache directory). Every successful fetch, a no-op included,
+also writes ``.sluiceway-fetch-times.json`` (its wall-clock start and end), which the pod reports as
+its ``fetched`` start phase (:mod:`sluiceway_pod.startphases`).
 
 Failures print one line, ``sluiceway-pod fetch: failed (REASON): DETAIL``, and exit with the
 reason's code (:data:`EXIT_CODES`); ``--termination-log`` also writes that line there, for the
@@ -51,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 from urllib.parse import quote, unquote, urljoin, urlsplit
+
+from .startphases import FETCH_RECORD
 
 EXIT_CODES = {
     "no-such-key": 10,
@@ -546,7 +550,17 @@ class Fetcher:
         self.say(f"fetch: {item.name}: {size} bytes, sha256 {hexd}" + (" (verified)" if want else ""))
         return hexd
 
+    def _record_times(self, started: float, cached: bool) -> None:
+        """The fetch's start and end (wall clock) for the pod's start phases
+        (:data:`sluiceway_pod.startphases.FETCH_RECORD`). Best effort: a fetch never fails on it."""
+        doc = {"started": started, "finished": self.utcnow().timestamp(), "bytes": self._written, "cached": cached}
+        with contextlib.suppress(OSError):
+            tmp = self.dest / (FETCH_RECORD + ".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(self.dest / FETCH_RECORD)
+
     def run(self) -> dict[str, str]:
+        started = self.utcnow().timestamp()
         marker = self.dest / MARKER
         if marker.is_file():
             try:
@@ -558,6 +572,7 @@ class Fetcher:
             wanted = {n or next(iter(files), ""): h for n, h in self.o.sha256.items()}
             if same and all(files.get(n) == h for n, h in wanted.items()):
                 self.say(f"fetch: {self._shown_uri()} is already in {self.dest}")
+                self._record_times(started, cached=True)
                 return dict(done["files"])
         self.dest.mkdir(parents=True, exist_ok=True)
         t0 = self.clock()
@@ -574,6 +589,7 @@ class Fetcher:
         )
         files = {i.name: self._download(i) for i in items}
         marker.write_text(json.dumps({"uri": self.o.uri, "files": files}))
+        self._record_times(started, cached=False)
         self.say(f"fetch: done, {self._written} bytes in {self.clock() - t0:.1f}s")
         return files
 

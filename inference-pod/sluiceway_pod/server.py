@@ -167,14 +167,20 @@ def build_reloader(plane: DataPlane, source: Source, period: float) -> TenantRel
     )
 
 
-def run(config: PodConfig, reload_source: Source | None = None, reload_seconds: float = DEFAULT_PERIOD) -> int:
+def run(
+    config: PodConfig,
+    reload_source: Source | None = None,
+    reload_seconds: float = DEFAULT_PERIOD,
+    started: tuple[float, float] | None = None,
+) -> int:
     """Serve until drained. Returns the process exit code. With ``reload_source`` (where the
     configuration was read from) and ``reload_seconds`` > 0, the tenants section and the keys file
-    are reloaded when they change (:mod:`sluiceway_pod.reload`)."""
+    are reloaded when they change (:mod:`sluiceway_pod.reload`). ``started``: (monotonic,
+    wall-clock) when the process started, for the start phases (:mod:`sluiceway_pod.startphases`)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
-    plane = DataPlane(config, metrics)
+    plane = DataPlane(config, metrics, started=started)
     sc = config.server
     common = _common(sc)
     uv = build_inference_uvicorn_config(build_app(plane), sc, plane)
