@@ -11,7 +11,8 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
 fi
 # The sandbox (sluiceway sandbox / demo): network namespaces, veths and a bridge (iproute2),
-# Service DNAT rules (iptables), nsenter for exec probes (util-linux).
+# kube-proxy's Service rules (iptables; kube-proxy v1.34 clears conntrack entries over netlink, so
+# the conntrack command is not needed), nsenter for exec probes (util-linux).
 if ! command -v iptables >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1 || ! command -v nsenter >/dev/null 2>&1; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables iproute2 util-linux >/dev/null
@@ -24,6 +25,9 @@ fi
 python3 -m pip install -q --disable-pip-version-check -e '.[dev]'
 if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "control plane: $(tools/build-kube.sh)"
+  # The sandbox's Service routing: the real kube-proxy, same k8s.io/kubernetes module, its own cache
+  # entry (most of its packages are in Go's build cache once the control plane is built).
+  echo "kube-proxy: $(tools/build-kube-proxy.sh)"
   echo "helm: $(tools/build-helm.sh)"
   echo "KEDA: $(tools/build-keda.sh)"
   # The sandbox's Prometheus: Debian's lacks kubernetes_sd_configs (the scaler tests keep Debian's).

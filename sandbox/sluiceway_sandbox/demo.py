@@ -3,8 +3,15 @@
 Brings the sandbox up (unless it is already), applies ``samples/sandbox-demo.yaml`` (a synthetic
 model with a known capacity, three tenants with keys, three priority classes, KEDA autoscaling 1..4;
 the sandbox comes up with the chart's quota coordinator on, so the tenants' quotas hold service-wide),
-waits for its first ready endpoint, then drives an open-loop ramp over the Service's ready
-endpoints: about half, once and three times one replica's capacity, then nothing. Every second it
+waits for its first ready endpoint, then drives an open-loop ramp: about half, once and three times
+one replica's capacity, then nothing.
+
+How the load reaches the pods (``clients``): ``per-request`` (the default, chosen on purpose) sends
+each request to a random ready endpoint, the spread a per-request balancer gives; the demo's story
+(new replicas take load as they become ready) holds only with such a balancer, and the sandbox has
+none yet (the gateway, issue 19, is not deployed in it). ``keepalive`` sends through the Service's
+ClusterIP over keep-alive connections, as real clients do: kube-proxy picks a pod per connection,
+so the replicas KEDA adds get next to nothing (docs/sandbox.md). Every second it
 shows offered rate, goodput, answers by code and reason, queue depth and wait p95 (from Prometheus),
 desired and ready replicas. It ends with a report in numbers and a PNG plot, and tears the sandbox
 down unless ``keep``.
@@ -38,11 +45,13 @@ from .layout import Layout
 from .loadgen import (
     Client,
     EndpointWatcher,
+    KeepAlive,
     Outcome,
     Phase,
     build_schedule,
     phase_at,
     run_load_in_thread,
+    service_address,
     status_name,
     summarize,
 )
@@ -66,6 +75,10 @@ DEFAULT_TRAFFIC = (("search-key", "interactive", 3.0), ("reports-key", "batch", 
 #: chart values the demo (and the end-to-end test) bring the sandbox up with: the scaler's quota
 #: coordinator on, so the sample's tenant quotas hold for the whole service (docs/scheduling.md)
 QUOTA_VALUES = (("scaler.quota.enabled", "true"),)
+#: how the demo's load reaches the pods (module docstring): per request until the sandbox has a
+#: per-request balancer in front of the pods; ``keepalive`` is what clients through a Service see
+CLIENT_MODES = ("per-request", "keepalive")
+DEFAULT_CLIENTS = "per-request"
 
 
 @dataclass(frozen=True)
@@ -320,6 +333,7 @@ def run_demo(
     seed: int = 1,
     ready_timeout: float = 240.0,
     settle_timeout: float = 180.0,
+    clients_mode: str = DEFAULT_CLIENTS,
     progress: Callable[[str], None] = print,
 ) -> DemoReport:
     """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test) and
@@ -330,6 +344,8 @@ def run_demo(
     from .kubeclient import Kube
 
     ramp = ramp or Ramp()
+    if clients_mode not in CLIENT_MODES:
+        raise ValueError(f"clients_mode must be one of {CLIENT_MODES}, got {clients_mode!r}")
     out_dir = (out_dir or Path.cwd()).resolve()
     if up:
         lifecycle.up(layout, lifecycle.UpOptions(build=build, chart_values=QUOTA_VALUES), progress)
@@ -354,9 +370,17 @@ def run_demo(
         schedule = build_schedule(phases, clients, seed=seed)
         prom = PromReader(layout.prometheus_url, ns, name)
         samples: list[Sample] = []
+        path = f"/v2/models/{model}/infer"
         with watcher:
-            thread, outcomes, stop = run_load_in_thread(schedule, clients, watcher.endpoints,
-                                                        f"/v2/models/{model}/infer", seed=seed)
+            if clients_mode == "keepalive":
+                service = service_address(kube, ns, name)
+                progress(f"demo: keep-alive clients ({KeepAlive().clients} per tenant) through the Service {service}")
+                thread, outcomes, stop = run_load_in_thread(schedule, clients, path, service=service, seed=seed)
+            else:
+                progress("demo: each request to a random ready endpoint (per-request spread, as a "
+                         "per-request balancer gives; clients through the Service: --clients keepalive)")
+                thread, outcomes, stop = run_load_in_thread(schedule, clients, path,
+                                                            per_request=watcher.endpoints, seed=seed)
             t0 = time.monotonic()
             try:
                 samples = _observe(ramp, schedule, outcomes, prom, kube, ns, name, t0, live, progress)
@@ -483,6 +507,10 @@ def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
     p.add_argument("--no-build", action="store_true", help="fail instead of building missing Go binaries")
     p.add_argument("--already-up", action="store_true", help="use the running sandbox (do not run `up`)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--clients", choices=CLIENT_MODES, default=DEFAULT_CLIENTS,
+                   help="per-request (default): each request to a random ready pod, as a per-request "
+                   "balancer spreads it; keepalive: keep-alive clients through the Service's ClusterIP, "
+                   "as real clients call it (kube-proxy picks a pod per connection: added replicas stay idle)")
     return p
 
 
@@ -499,7 +527,8 @@ def main(argv: list[str] | None = None, prog: str = "sluiceway demo") -> int:
     ramp = dataclasses.replace(base, **changes)
     try:
         report = run_demo(layout_for(ns.state_dir), ramp=ramp, keep=ns.keep, up=not ns.already_up,
-                          build=not ns.no_build, out_dir=ns.out_dir, live=not ns.no_live, seed=ns.seed)
+                          build=not ns.no_build, out_dir=ns.out_dir, live=not ns.no_live, seed=ns.seed,
+                          clients_mode=ns.clients)
     except KeyboardInterrupt:
         print("sluiceway demo: interrupted", file=sys.stderr)
         return 130

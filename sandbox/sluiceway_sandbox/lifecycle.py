@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import controlplane, helm, netns, pki, prometheus
+from . import controlplane, helm, kubeproxy, netns, pki, prometheus
 from .controlplane import kubeconfig_path, write_kubeconfig
 from .kubeclient import Kube, KubeError
 from .layout import Layout
@@ -24,7 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluiceway"
 Progress = Callable[[str], None]
 #: host processes, in start order (``down`` stops them in reverse)
-HOST_PROCESSES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "proxy", "agent", "prometheus")
+HOST_PROCESSES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "names",
+    "agent",
+    "kube-proxy",
+    "prometheus",
+)
 
 
 class SandboxError(RuntimeError):
@@ -182,6 +191,7 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     progress(f"state directory: {layout.state_dir}")
     kube_bin = controlplane.bin_dir(ROOT, opts.build, progress)
     kubectl = link_kubectl(layout, kube_bin)
+    proxy_bin = kubeproxy.binary(ROOT, opts.build, progress)
     helm_bin = helm.helm_binary(ROOT, opts.build, progress)
     keda_bins: dict[str, Path] = {}
     if opts.keda:
@@ -204,12 +214,12 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
     controlplane.start(layout, "etcd", controlplane.build_etcd(layout, kube_bin))
     controlplane.start(layout, "kube-apiserver", controlplane.build_apiserver(layout, kube_bin))
     controlplane.wait_ready(layout, timeout=min(opts.timeout, 180))
-    progress("control plane: kube-controller-manager, kube-scheduler; service proxy; node agent")
+    progress("control plane: kube-controller-manager, kube-scheduler; Service names; node agent")
     controlplane.start(layout, "kube-controller-manager", controlplane.build_controller_manager(layout, kube_bin))
     controlplane.start(layout, "kube-scheduler", controlplane.build_scheduler(layout, kube_bin))
     env = dict(os.environ)
     env.pop("KUBECONFIG", None)
-    controlplane.start(layout, "proxy", _python_module(layout, "sluiceway_sandbox.services"), env=env)
+    controlplane.start(layout, "names", _python_module(layout, "sluiceway_sandbox.services"), env=env)
     agent_args = ["--cpu", str(opts.cpu), "--gpus", str(opts.gpus)]
     for image, path in keda_bins.items():
         agent_args += ["--binary", f"{image}={path}"]
@@ -222,6 +232,21 @@ def up(layout: Layout, opts: UpOptions, progress: Progress = _print) -> None:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
     wait_until(node_ready, 90, f"node {layout.node_name} Ready (agent log: {layout.log_file('agent')})")
+    progress(f"kube-proxy (iptables mode, masquerade-all) for node {layout.node_name}")
+    config, changed = kubeproxy.write_config(layout, kubeconfig_path(layout, "proxy"))
+    old = controlplane.running(layout, "kube-proxy")
+    if changed and old is not None:  # it exits by itself on a new file: restart it here, not at random
+        stop(old, grace=10)
+    controlplane.start(layout, "kube-proxy", kubeproxy.build_argv(proxy_bin, config), env=env)
+
+    def proxy_healthy() -> bool:
+        if controlplane.running(layout, "kube-proxy") is None:
+            tail = layout.log_file("kube-proxy").read_text(errors="replace")[-1500:]
+            raise SandboxError(f"kube-proxy exited; last log lines:\n{tail}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{kubeproxy.HEALTHZ_PORT}/healthz", timeout=3) as r:
+            return bool(r.status == 200)
+
+    wait_until(proxy_healthy, 60, f"kube-proxy healthy (log: {layout.log_file('kube-proxy')})")
     wait_until(
         lambda: kube.get_or_none("/api/v1/namespaces/default/serviceaccounts/default"),
         60,

@@ -1,21 +1,31 @@
-"""The sandbox's load generator: open-loop Poisson traffic spread over a Service's READY endpoints,
-read from the EndpointSlice API, as kube-proxy would spread connections to a ClusterIP.
+"""The sandbox's load generator: open-loop Poisson traffic to an InferenceService, sent the way real
+clients send it.
+
+* **Keep-alive clients through the Service (the default).** :class:`KeepAlive`: K clients per
+  tenant, each with its own keep-alive connection(s) to the Service's ClusterIP:port, as every OIP
+  client (tritonclient, KServe's SDK, httpx, ``requests.Session``) calls a Service. kube-proxy picks a
+  pod when a connection opens, so each client's requests all land on the pod its connection reached;
+  a client opens a new connection only when one is closed (by the pod, or by a client timeout).
+  Pods added later get nothing from connections already open (issue 19).
+* **Per request (an explicit option).** ``per_request=``: every request goes straight to a random
+  ready, non-terminating endpoint from :class:`EndpointWatcher` (the Service's EndpointSlices, re-read
+  every ``refresh`` seconds) -- the spread a per-request balancer gives, which kube-proxy does not.
+  No ready endpoint: the request is recorded as ``no_endpoints``.
 
 * **Open loop.** Every send time is drawn before the run (seeded Poisson arrivals per phase of the
   ramp); a timer fires each request at its time however many are outstanding, so a slow service
   cannot slow the offered load down. Latency runs from the *scheduled* send time.
-* **Endpoints as kube-proxy sees them.** :class:`EndpointWatcher` re-reads the Service's
-  EndpointSlices every ``refresh`` seconds; each request goes to a random ready, non-terminating
-  endpoint on the port named ``http`` (kube-proxy's iptables mode picks at random too). No ready
-  endpoint: the request is recorded as ``no_endpoints`` (kube-proxy would reject it).
 * **Per-request identity.** Each arrival belongs to a :class:`Client` (a tenant's API key and the
   priority class it asks for), drawn by the clients' shares.
 * **Bounded.** At most ``max_requests`` per run and ``max_inflight`` outstanding (beyond: a recorded
   client drop, not sent); each request gives up after ``timeout``; the run ends one timeout after
-  the last phase. Only sandbox pod addresses (198.18.0.0/15) or loopback are ever contacted.
+  the last phase. Only sandbox addresses (pods and Services, 198.18.0.0/15) or loopback are ever
+  contacted.
 
+Concurrency: :func:`run_load` runs on one asyncio event loop (one task per request, one aiohttp
+session per keep-alive client); :class:`EndpointWatcher` is one thread that swaps a list under a lock.
 Pure parts (:func:`build_schedule`, :func:`ready_endpoints`, :func:`summarize`) are separate from
-the I/O (:class:`EndpointWatcher`, :func:`run_load`).
+the I/O (:class:`EndpointWatcher`, :func:`service_address`, :func:`run_load`).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ __all__ = [
     "NO_ENDPOINTS",
     "Client",
     "EndpointWatcher",
+    "KeepAlive",
     "LoadgenError",
     "Outcome",
     "Phase",
@@ -48,6 +59,7 @@ __all__ = [
     "build_schedule",
     "ready_endpoints",
     "run_load",
+    "service_address",
     "summarize",
 ]
 
@@ -93,6 +105,20 @@ class Client:
 
 
 @dataclass(frozen=True)
+class KeepAlive:
+    """How keep-alive clients connect: ``clients`` per tenant (:class:`Client`), each holding up to
+    ``connections`` keep-alive connections (HTTP/1.1, no pipelining: a request waits for a free
+    connection of its client). A tenant's arrivals go to its clients in turn."""
+
+    clients: int = 8
+    connections: int = 1
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.clients <= 256 and 1 <= self.connections <= 64):
+            raise LoadgenError(f"keep-alive clients must be 1..256 with 1..64 connections each, got {self}")
+
+
+@dataclass(frozen=True)
 class Phase:
     """``seconds`` of Poisson arrivals at ``rate`` per second in total (0: silence)."""
 
@@ -108,7 +134,7 @@ class Outcome:
     status: int  # HTTP status, or CLIENT_TIMEOUT / CONNECTION_ERROR / CLIENT_DROP / NO_ENDPOINTS
     reason: str = ""  # the body's "reason" for a non-2xx answer, or the client-side cause
     latency: float | None = None  # scheduled send -> last byte (None: never sent)
-    endpoint: str = ""  # "ip:port" the request went to
+    endpoint: str = ""  # "ip:port" the request went to: the pod (per request) or the Service (keep-alive)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,6 +325,19 @@ class EndpointWatcher:
             self._thread.join(timeout=self.refresh + 30)
 
 
+def service_address(kube: SliceSource, namespace: str, service: str, port_name: str = "http") -> str:
+    """``clusterIP:port`` of the Service's port named ``port_name`` (a sandbox address, checked)."""
+    spec = kube.get(f"/api/v1/namespaces/{namespace}/services/{service}").get("spec") or {}
+    ip = spec.get("clusterIP") or ""
+    if ip in ("", "None"):
+        raise LoadgenError(f"Service {namespace}/{service} has no ClusterIP (headless?)")
+    check_address(ip)
+    ports = [p["port"] for p in spec.get("ports") or [] if (p.get("name") or "") == port_name]
+    if not ports:
+        raise LoadgenError(f"Service {namespace}/{service} has no port named {port_name!r}")
+    return f"{ip}:{ports[0]}"
+
+
 def _reason(body: bytes) -> str:
     try:
         doc = json.loads(body)
@@ -311,9 +350,11 @@ def _reason(body: bytes) -> str:
 async def run_load(
     schedule: Sequence[tuple[float, int]],
     clients: Sequence[Client],
-    endpoints: Callable[[], Sequence[str]],
     path: str,
     *,
+    service: str = "",
+    keepalive: KeepAlive = KeepAlive(),
+    per_request: Callable[[], Sequence[str]] | None = None,
     outcomes: list[Outcome] | None = None,
     timeout: float = 5.0,
     max_inflight: int = 1000,
@@ -322,13 +363,19 @@ async def run_load(
     stop: threading.Event | None = None,
     on_start: Callable[[float], None] | None = None,
 ) -> list[Outcome]:
-    """Send ``schedule`` (from :func:`build_schedule`) to ``path`` on the endpoints that
-    ``endpoints()`` returns at each send. Outcomes are appended to ``outcomes`` as they complete
+    """Send ``schedule`` (from :func:`build_schedule`) to ``path``: by default through keep-alive
+    clients (``keepalive``) connected to ``service`` (``clusterIP:port``, :func:`service_address`);
+    with ``per_request`` (and no ``service``), each request to a random one of the endpoints that
+    ``per_request()`` returns at its send. Outcomes are appended to ``outcomes`` as they complete
     (another thread may read it for a live display). ``stop`` ends the run early. ``on_start`` is
     called once with the run's time zero on ``time.monotonic()``'s scale (the event loop's clock),
     from which every ``Outcome.t`` counts, so a caller can line outcomes up with its own clock."""
     if not path.startswith("/"):
         raise LoadgenError(f"path must start with '/', got {path!r}")
+    if bool(service) == (per_request is not None):
+        raise LoadgenError("give either service= (keep-alive clients) or per_request= (endpoints), not both")
+    if service:
+        check_address(service.rpartition(":")[0])
     if not 0 < timeout <= 600:
         raise LoadgenError(f"timeout must be within (0, 600] s, got {timeout}")
     out: list[Outcome] = [] if outcomes is None else outcomes
@@ -338,18 +385,31 @@ async def run_load(
     inflight = 0
     tasks: set[asyncio.Task[None]] = set()
 
-    async def one(session: aiohttp.ClientSession, t_rel: float, ci: int, t0: float) -> None:
+    turn = [0] * len(clients)  # the next keep-alive client of each tenant
+
+    def pick(ci: int) -> tuple[aiohttp.ClientSession, str] | None:
+        if per_request is None:
+            k = turn[ci]
+            turn[ci] = (k + 1) % keepalive.clients
+            return keep[ci][k], service
+        eps = per_request()
+        if not eps:
+            return None
+        ep = eps[rng.randrange(len(eps))]
+        check_address(ep.rpartition(":")[0])
+        return shared, ep
+
+    async def one(t_rel: float, ci: int, t0: float) -> None:
         nonlocal inflight
         name = clients[ci].name
-        eps = endpoints()
-        if not eps:
+        chosen = pick(ci)
+        if chosen is None:
             out.append(Outcome(t_rel, name, NO_ENDPOINTS, "no_endpoints"))
             return
         if inflight >= max_inflight:
             out.append(Outcome(t_rel, name, CLIENT_DROP, "max_inflight"))
             return
-        ep = eps[rng.randrange(len(eps))]
-        check_address(ep.rpartition(":")[0])
+        session, ep = chosen
         status, reason = CLIENT_TIMEOUT, "client_timeout"
         inflight += 1
         try:
@@ -366,17 +426,24 @@ async def run_load(
             inflight -= 1
         out.append(Outcome(t_rel, name, status, reason, loop.time() - (t0 + t_rel), ep))
 
-    def spawn(session: aiohttp.ClientSession, t_rel: float, ci: int, t0: float) -> None:
-        task = loop.create_task(one(session, t_rel, ci, t0))
+    def spawn(t_rel: float, ci: int, t0: float) -> None:
+        task = loop.create_task(one(t_rel, ci, t0))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    def session(limit: int) -> aiohttp.ClientSession:
+        # keep-alive: an idle connection stays open (the pod closes it after its own idle timeout)
+        conn = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=3600.0)
+        return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
+
+    async with contextlib.AsyncExitStack() as stack:
+        shared = await stack.enter_async_context(session(0))  # per request: any connection, no bound
+        keep = [[await stack.enter_async_context(session(keepalive.connections)) for _ in range(keepalive.clients)]
+                for _ in clients] if per_request is None else []
         t0 = loop.time() + 0.2
         if on_start is not None:
             on_start(t0)
-        handles = [loop.call_at(t0 + t, spawn, session, t, ci, t0) for t, ci in schedule]
+        handles = [loop.call_at(t0 + t, spawn, t, ci, t0) for t, ci in schedule]
         horizon = schedule[-1][0] if schedule else 0.0
         try:
             while loop.time() < t0 + horizon:

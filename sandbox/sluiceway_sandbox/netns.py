@@ -1,7 +1,7 @@
 """The sandbox network: a bridge in the root namespace, one network namespace + veth pair per pod,
-and the iptables chains of the Service proxy. Every name carries a fixed prefix (netns ``slw-``,
-host-side veth ``slwv``, chain ``SLUICEWAY-*``) so ``down`` finds and removes all of it, also after
-a crash, without a record. Commands: ``ip`` (iproute2) and ``iptables`` (Debian package).
+and the FORWARD rule that lets pod traffic cross the bridge. Every name carries a fixed prefix (netns
+``slw-``, host-side veth ``slwv``; kube-proxy's chains ``KUBE-*``) so ``down`` finds and removes all
+of it, also after a crash, without a record. Commands: ``ip`` (iproute2) and ``iptables`` (Debian package).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import kubeproxy
 from .layout import Layout
 
 NETNS_PREFIX = "slw-"
 VETH_PREFIX = "slwv"
-MASQ_MARK = "0x4000/0x4000"
 _FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 
@@ -49,7 +49,8 @@ def veth_names(pod_uid: str) -> tuple[str, str]:
 # --- bridge + global rules -----------------------------------------------------------------------
 def bridge_up(layout: Layout) -> None:
     """Create the bridge (idempotent), route the Service range to it, enable forwarding (pod ->
-    Service -> pod traffic is routed through the root namespace), and create the proxy chains."""
+    Service -> pod traffic is routed through the root namespace). The Service rules are
+    kube-proxy's (:mod:`.kubeproxy`)."""
     if _run(["ip", "link", "show", layout.bridge], check=False).returncode != 0:
         _run(["ip", "link", "add", layout.bridge, "type", "bridge"])
     addr = f"{layout.bridge_ip}/{layout.pod_prefix_len}"
@@ -61,23 +62,6 @@ def bridge_up(layout: Layout) -> None:
     if not saved.exists():
         saved.write_text(_FORWARD.read_text().strip())
     _FORWARD.write_text("1\n")
-    chain = layout.iptables_chain
-    if _run(["iptables", "-t", "nat", "-S", chain], check=False).returncode != 0:
-        _run(["iptables", "-t", "nat", "-N", chain])
-    post = chain + "-POST"
-    if _run(["iptables", "-t", "nat", "-S", post], check=False).returncode != 0:
-        _run(["iptables", "-t", "nat", "-N", post])
-    jumps = [
-        ("PREROUTING", ["-j", chain]),
-        ("OUTPUT", ["-j", chain]),
-        ("POSTROUTING", ["-j", post]),
-    ]
-    for hook, rule in jumps:
-        if _run(["iptables", "-t", "nat", "-C", hook, *rule], check=False).returncode != 0:
-            _run(["iptables", "-t", "nat", "-I", hook, *rule])
-    _run(["iptables", "-t", "nat", "-F", post])
-    # Hairpin (a pod reaching itself through its Service) is masqueraded, as kube-proxy does.
-    _run(["iptables", "-t", "nat", "-A", post, "-m", "mark", "--mark", MASQ_MARK, "-j", "MASQUERADE"])
     # Forwarded pod traffic must not be dropped by a restrictive FORWARD policy.
     fwd = ["-i", layout.bridge, "-o", layout.bridge, "-j", "ACCEPT"]
     if _run(["iptables", "-C", "FORWARD", *fwd], check=False).returncode != 0:
@@ -85,7 +69,8 @@ def bridge_up(layout: Layout) -> None:
 
 
 def bridge_down(layout: Layout) -> list[str]:
-    """Remove every pod namespace, veth, the bridge, the chains; restore ip_forward. Idempotent."""
+    """Remove every pod namespace, veth, the bridge, kube-proxy's chains; restore ip_forward.
+    Idempotent."""
     removed: list[str] = []
     for ns in list_netns():
         _run(["ip", "netns", "delete", ns], check=False)
@@ -93,7 +78,8 @@ def bridge_down(layout: Layout) -> list[str]:
     for link in list_links(VETH_PREFIX):
         _run(["ip", "link", "delete", link], check=False)
         removed.append(f"veth {link}")
-    chain = layout.iptables_chain
+    removed += kubeproxy.remove_rules()
+    chain = layout.iptables_chain  # the chains of the kube-proxy stand-in, from sandboxes before it
     for hook, target in (("PREROUTING", chain), ("OUTPUT", chain), ("POSTROUTING", chain + "-POST")):
         while _run(["iptables", "-t", "nat", "-D", hook, "-j", target], check=False).returncode == 0:
             removed.append(f"iptables nat {hook} -j {target}")
@@ -179,14 +165,3 @@ def pod_network_down(pod_uid: str) -> None:
     host, _ = veth_names(pod_uid)
     _run(["ip", "netns", "delete", ns], check=False)
     _run(["ip", "link", "delete", host], check=False)
-
-
-def apply_nat_rules(layout: Layout, rules: Sequence[str]) -> None:
-    """Replace the proxy chain's rules atomically (iptables-restore --noflush of one chain)."""
-    chain = layout.iptables_chain
-    text = "*nat\n" + f":{chain} - [0:0]\n" + "".join(r + "\n" for r in rules) + "COMMIT\n"
-    out = subprocess.run(
-        ["iptables-restore", "--noflush"], input=text, capture_output=True, text=True, check=False, timeout=30
-    )
-    if out.returncode != 0:
-        raise NetworkError(f"iptables-restore failed: {out.stderr.strip()}\n{text}")

@@ -1,5 +1,6 @@
-"""The sandbox load generator: schedule math, EndpointSlice reading as kube-proxy does, and a real
-run against two real inference pods (uvicorn over HTTP on loopback), spread over ready endpoints only."""
+"""The sandbox load generator: schedule math, EndpointSlice reading as kube-proxy does, a real run
+against two real inference pods (uvicorn over HTTP on loopback) spread per request over ready
+endpoints only, and keep-alive clients (the default) that each hold one connection."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sluiceway_sandbox.loadgen import (
     NO_ENDPOINTS,
     Client,
     EndpointWatcher,
+    KeepAlive,
     LoadgenError,
     Outcome,
     Phase,
@@ -131,14 +133,14 @@ def test_run_spreads_over_ready_real_pods_only(pod_factory: Callable[..., Any]) 
     sched = build_schedule([Phase("p", 3, 20)], clients, seed=5)
     with EndpointWatcher(api, "ns", "svc", refresh=0.2) as watcher:
         assert api.queries[0] == {"labelSelector": "kubernetes.io/service-name=svc"}
-        first = asyncio.run(run_load(sched, clients, watcher.endpoints, "/v2/models/lg/infer", timeout=5))
+        first = asyncio.run(run_load(sched, clients, "/v2/models/lg/infer", per_request=watcher.endpoints, timeout=5))
         assert first and {o.endpoint for o in first} == {f"127.0.0.1:{ports[0]}"}
         assert all(o.status == 200 for o in first), Counter((o.status, o.reason) for o in first)
         # The second pod's endpoint is ready too (another slice, as the controller may write).
         api.slices = [*api.slices, {"addressType": "IPv4", "ports": [{"name": "http", "port": ports[1]}],
                                     "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]}]
         watcher.poll()
-        second = asyncio.run(run_load(sched, clients, watcher.endpoints, "/v2/models/lg/infer", timeout=5))
+        second = asyncio.run(run_load(sched, clients, "/v2/models/lg/infer", per_request=watcher.endpoints, timeout=5))
     per = Counter(o.endpoint for o in second)
     assert set(per) == {f"127.0.0.1:{p}" for p in ports}
     assert min(per.values()) > len(second) / 5, per  # random spread, roughly even
@@ -151,7 +153,7 @@ def test_no_ready_endpoint_is_recorded_and_stop_ends_early() -> None:
     sched = build_schedule([Phase("p", 30, 10)], clients, seed=1)
     stop = threading.Event()
     threading.Timer(1.0, stop.set).start()
-    out = asyncio.run(run_load(sched, clients, lambda: [], "/v2/models/x/infer", stop=stop))
+    out = asyncio.run(run_load(sched, clients, "/v2/models/x/infer", per_request=lambda: [], stop=stop))
     assert out and all(o.status == NO_ENDPOINTS for o in out)
     assert max(o.t for o in out) < 5  # stopped long before the 30 s schedule ended
 
@@ -164,3 +166,69 @@ def test_watcher_refuses_a_slice_outside_the_sandbox() -> None:
     with pytest.raises(LoadgenError):
         watcher.poll()
     assert watcher.endpoints() == [] and "10.1.2.3" in watcher.last_error
+
+
+class _CountingProxy:
+    """A TCP forwarder to one pod that counts the connections it accepts (a Service stand-in: the
+    real ClusterIP path, kube-proxy's DNAT, is the sandbox tests')."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.accepted = port, 0
+        self.server: asyncio.Server | None = None
+
+    async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.port)
+        await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+@pytest.mark.slow
+def test_keepalive_clients_each_hold_one_connection(pod_factory: Callable[..., Any]) -> None:
+    pod = pod_factory("--model", "synthetic:5", "--model-name", "lg")
+    clients = [Client("search", share=3), Client("reports", share=1)]
+    sched = build_schedule([Phase("p", 3, 40)], clients, seed=3)
+    proxy = _CountingProxy(pod.port)
+
+    addr: list[str] = []
+
+    async def main() -> list[Outcome]:
+        service = await proxy.start()
+        addr.append(service)
+        try:
+            return await run_load(sched, clients, "/v2/models/lg/infer", service=service,
+                                  keepalive=KeepAlive(clients=3, connections=1), timeout=5)
+        finally:
+            assert proxy.server is not None
+            proxy.server.close()
+
+    out = asyncio.run(main())
+    assert len(out) == len(sched) > 60 and all(o.status == 200 for o in out), Counter(o.status for o in out)
+    assert {o.endpoint for o in out} == set(addr)  # the Service's address: the client does not see the pod
+    # 2 tenants x 3 clients x 1 connection: every request rode one of at most 6 connections
+    assert 2 <= proxy.accepted <= 6, proxy.accepted
+
+
+def test_run_load_takes_a_service_or_endpoints_and_only_sandbox_addresses() -> None:
+    clients = [Client("a")]
+    sched = build_schedule([Phase("p", 1, 1)], clients, seed=1)
+    for kw in ({}, {"service": "198.19.0.9:8080", "per_request": lambda: []}):
+        with pytest.raises(LoadgenError, match="either service"):
+            asyncio.run(run_load(sched, clients, "/v2/models/x/infer", **kw))  # type: ignore[arg-type]
+    with pytest.raises(LoadgenError, match=r"only 198\.18\.0\.0/15"):
+        asyncio.run(run_load(sched, clients, "/v2/models/x/infer", service="10.0.0.1:80"))
+    with pytest.raises(LoadgenError):
+        KeepAlive(clients=0)

@@ -1,5 +1,6 @@
 """``down`` after a crashed ``up``: every recorded process stopped by PID (never a recycled one), every
-``slw-*`` namespace, veth, the bridge and the iptables chains removed, ip_forward restored."""
+``slw-*`` namespace, veth, the bridge and kube-proxy's iptables chains (``KUBE-*``) removed, ip_forward
+restored."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def test_down_cleans_up_what_a_crashed_up_left(tmp_path: Path) -> None:
     try:
         netns.bridge_up(layout)
         netns.pod_network_up(layout, "0123456789abcdef-pod", netns.ip_for_index(layout, 0))
+        # what a kube-proxy killed mid-run leaves: its chains and the jumps to them
+        for args in (["-t", "nat", "-N", "KUBE-SERVICES"], ["-t", "nat", "-I", "PREROUTING", "-j", "KUBE-SERVICES"],
+                     ["-t", "filter", "-N", "KUBE-FORWARD"], ["-t", "filter", "-I", "FORWARD", "-m", "comment",
+                     "--comment", "kubernetes forwarding rules", "-j", "KUBE-FORWARD"]):
+            subprocess.run(["iptables", *args], check=True, capture_output=True)
         # a "control plane" process and a "container" process, as a crashed up leaves them
         host = spawn(
             "etcd",
@@ -51,5 +57,6 @@ def test_down_cleans_up_what_a_crashed_up_left(tmp_path: Path) -> None:
     assert layout.bridge not in netns.list_links(layout.bridge)
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True, check=True).stdout
     assert layout.iptables_chain not in nat
+    assert "KUBE-" not in subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
     assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == forward_before
     assert any("removed bridge" in m for m in messages), messages
