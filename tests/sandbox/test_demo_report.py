@@ -31,7 +31,9 @@ def test_sample_capacity_matches_the_ramp() -> None:
     spec = parse_spec(isvc["spec"])
     ms = float(spec.model.source.removeprefix("synthetic:"))
     assert spec.model.format == "synthetic"
-    assert spec.concurrency.permits * 1000.0 / ms == Ramp().capacity
+    permits = spec.concurrency.permits
+    assert isinstance(permits, int), permits  # the sample fixes them (not "auto")
+    assert permits * 1000.0 / ms == Ramp().capacity
     assert spec.resources.gpus == 0
     a = spec.autoscaling
     assert (a.engine, a.min_replicas, a.max_replicas) == ("keda", 1, 4)
@@ -98,6 +100,19 @@ def test_cli_refuses_bad_durations_before_doing_anything(capsys: pytest.CaptureF
 
     assert main(["--over", "0", "--state-dir", "/nonexistent/never-used"]) == 2
     assert "phase durations" in capsys.readouterr().err
+
+
+def test_demo_spreads_per_request_unless_asked_for_keepalive_clients(capsys: pytest.CaptureFixture[str]) -> None:
+    from sluiceway_sandbox.demo import parser, run_demo
+    from sluiceway_sandbox.layout import Layout
+
+    # the demo's story needs a per-request balancer (docs/sandbox.md): chosen explicitly, not by accident
+    assert parser().parse_args([]).clients == "per-request"
+    assert parser().parse_args(["--clients", "keepalive"]).clients == "keepalive"
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--clients", "random"])
+    with pytest.raises(ValueError, match="clients_mode"):
+        run_demo(Layout(state_dir=Path("/nonexistent")), clients_mode="random", up=False)
 
 
 @pytest.mark.parametrize("live", [True, False])
