@@ -13,7 +13,9 @@ processes used, not wall time). Then the added p50/p99 (gateway point minus the 
 the gateway's CPU per request as a multiple of the pod's, against the goals (added p50 <= 1 ms,
 gateway CPU <= 0.5x the pod's). The pod is pinned to core 0, the gateway to the same core as the
 generator (1) when pinning is possible; the run-queue wait column says how much other work held each
-server back (a loaded machine shows here). JSON goes to ``bench/results/gateway_overhead-*.json``.
+server back (a loaded machine shows here), and each point's load average (1/5/15 min) at its start
+and end. JSON and a PNG (p50/p99 and CPU per request per point) go to
+``bench/results/gateway_overhead-*``; ``--plot`` also writes the PNG where the docs link it.
 
     python -m bench.gateway_overhead                       # 300/s, 8 s, uvloop and asyncio
     python -m bench.gateway_overhead --rate 200 --duration 3 --loops uvloop
@@ -59,6 +61,7 @@ def measure(url: str, servers: dict[str, ServerProc], rate: float, duration: flo
     for name, srv in servers.items():
         for k, v in window_probes(srv, warmup, duration).items():
             probes[f"{name}:{k}"] = v
+    la0 = load_average()
     res = run_sync(run_open_loop(url, [Stream("s", rate, timeout_s=5.0)], duration=duration, warmup=warmup,
                                  seed=seed, probes=probes))
     window = res.window()
@@ -66,7 +69,7 @@ def measure(url: str, servers: dict[str, ServerProc], rate: float, duration: flo
     answered = len(lat)
     out: dict[str, Any] = {"requests": len(window), "ok": answered, "codes": code_counts(window),
                            "p50_ms": _ms(percentile(lat, 50)), "p99_ms": _ms(percentile(lat, 99)),
-                           "valid": res.valid, "lag_share": res.lag_share}
+                           "valid": res.valid, "lag_share": res.lag_share, "load_average": [la0, load_average()]}
     for name in servers:
         sub = type(res)(res.records, res.warmup, res.duration, res.seed, res.lagged, res.max_lag,
                         {"cpu_start": res.probes.get(f"{name}:cpu_start"),
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--loops", default="uvloop,asyncio", help="the gateway's event loops to measure, comma-separated")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--plot", type=Path, help="also write the PNG here (e.g. docs/img/perf/gateway-overhead.png)")
     ns = p.parse_args(argv)
     loops = [x for x in ns.loops.split(",") if x]
     if not loops or any(x not in ("uvloop", "asyncio") for x in loops):
@@ -120,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, pt in pts.items():
         rows.append([name, str(pt["ok"]), str(pt["requests"]), fmt(pt["p50_ms"]), fmt(pt["p99_ms"]),
                      fmt(pt.get("pod_cpu_us_per_req"), ".0f"), fmt(pt.get("gateway_cpu_us_per_req"), ".0f"),
-                     fmt(pt.get("pod_runq_wait_share"), ".2f"), "" if pt["valid"] else "generator lagged"])
+                     fmt(pt.get("pod_runq_wait_share"), ".2f"), " -> ".join(pt["load_average"]),
+                     "" if pt["valid"] else "generator lagged"])
     print(table(["point", "ok", "sent", "p50 ms", "p99 ms", "pod CPU us/req", "gateway CPU us/req",
-                 "pod runq wait", "note"], rows))
+                 "pod runq wait", "load average start -> end", "note"], rows))
     summary = {}
     for name, pt in pts.items():
         if name == "direct":
@@ -137,8 +142,57 @@ def main(argv: list[str] | None = None) -> int:
               f"added p99 {fmt(added99)} ms, gateway CPU {fmt(ratio)}x the pod's "
               f"(goal <= {GOAL_CPU_RATIO:g}: {'met' if ratio is not None and ratio <= GOAL_CPU_RATIO else 'NOT met'})")
     doc["summary"] = summary
-    print(f"results: {save_results('gateway_overhead', doc)}")
+    doc["load_average_end"] = load_average()
+    print(f"# load average at end {doc['load_average_end']}")
+    saved = save_results("gateway_overhead", doc)
+    print(f"results: {saved}")
+    png = plot(doc, saved.with_suffix(".png"))
+    if png is None:
+        print("plot: matplotlib is not installed; no PNG")
+    else:
+        print(f"plot: {png}")
+        if ns.plot is not None:
+            ns.plot.parent.mkdir(parents=True, exist_ok=True)
+            ns.plot.write_bytes(png.read_bytes())
+            print(f"plot: {ns.plot}")
     return 0
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    """Two panels per point: p50 and p99 latency; the pod's and the gateway's CPU per request."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts: dict[str, Any] = doc["points"]
+    names = list(pts)
+    x = list(range(len(names)))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax = axes[0]
+    ax.bar([i - 0.2 for i in x], [pts[n]["p50_ms"] or 0 for n in names], 0.4, label="p50", color="tab:blue")
+    ax.bar([i + 0.2 for i in x], [pts[n]["p99_ms"] or 0 for n in names], 0.4, label="p99", color="tab:red")
+    ax.set_ylabel("ms (from the scheduled send)")
+    ax.set_title("latency, no-op model")
+    ax = axes[1]
+    ax.bar([i - 0.2 for i in x], [pts[n].get("pod_cpu_us_per_req") or 0 for n in names], 0.4, label="pod",
+           color="tab:gray")
+    ax.bar([i + 0.2 for i in x], [pts[n].get("gateway_cpu_us_per_req") or 0 for n in names], 0.4,
+           label="gateway", color="tab:green")
+    ax.set_ylabel("CPU us per answered request")
+    ax.set_title("CPU per request")
+    for a in axes:
+        a.set_xticks(x, names)
+        a.legend()
+        a.grid(alpha=0.3)
+    fig.suptitle(f"gateway overhead: open loop {doc['rate']:g}/s, {doc['duration']:g} s per point; load average "
+                 f"{doc['machine']['load_average_start']} at start, {doc['load_average_end']} at end", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":

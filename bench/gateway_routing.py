@@ -531,11 +531,43 @@ def run_benchmark(s: Settings, log_dir: Path, say: Callable[[str], None] = print
                 time.sleep(s.settle)
             doc["reps"].append(rep_doc)
             say(report(rep_doc, s, rep))
+        if s.reps > 1:
+            doc["medians"] = medians(doc["reps"], s.arms)
+            say(medians_report(doc["medians"], s.reps))
     finally:
         for p in pods:
             p.stop()
     doc["load_average_end"] = load_average()
     return doc
+
+
+def medians(reps: Sequence[dict[str, Any]], arms: Sequence[str]) -> dict[str, dict[str, float | None]]:
+    """Per gateway arm, the median over repetitions of its ratios against kube-proxy (each ratio
+    within one repetition, so like is compared with like)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name in arms:
+        if name == KUBE_PROXY:
+            continue
+        cols: dict[str, list[float]] = {"p50": [], "p99": [], "goodput": []}
+        for rep in reps:
+            a, kp = rep["arms"].get(name), rep["arms"].get(KUBE_PROXY)
+            if a is None or kp is None:
+                continue
+            for key, field_ in (("p50", "p50_ms"), ("p99", "p99_ms"), ("goodput", "goodput")):
+                r = ratio(a[field_], kp[field_])
+                if r is not None:
+                    cols[key].append(r)
+        out[name] = {k: (statistics.median(v) if v else None) for k, v in cols.items()}
+    return out
+
+
+def medians_report(med: dict[str, dict[str, float | None]], reps: int) -> str:
+    lines = [f"## ratios against kube-proxy, median over {reps} repetitions"]
+    for name, m in med.items():
+        met = m["p99"] is not None and m["p99"] <= GOAL_P99_RATIO
+        lines.append(f"{name} / kube-proxy: p50 {fmt(m['p50'])}x, p99 {fmt(m['p99'])}x (goal <= "
+                     f"{GOAL_P99_RATIO:g}: {'met' if met else 'NOT met'}), goodput {fmt(m['goodput'])}x")
+    return "\n".join(lines)
 
 
 def one_arm(arm: str, s: Settings, plan: Sequence[Arrival], pods: Sequence[ServerProc], pids: Sequence[int],
@@ -666,7 +698,7 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     ax.legend(loc="lower right")
     s = doc["settings"]
     sizes = ", ".join(f"{ms:g} ms {p * 100:.0f} %" for ms, p in s["sizes"])
-    fig.suptitle(f"{s['pods']} pods, K={s['clients']} keep-alive clients, {s['load']:g} x capacity "
+    fig.suptitle(f"repetition 1: {s['pods']} pods, K={s['clients']} keep-alive clients, {s['load']:g} x capacity "
                  f"({doc['rate']:.0f}/s), sizes {sizes}; load average at start "
                  f"{doc['machine']['load_average_start']}", fontsize=9)
     for a in axes:

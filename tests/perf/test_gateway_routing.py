@@ -131,3 +131,23 @@ def test_kube_proxy_pins_connections_and_the_gateway_routes_requests(tmp_path: P
         for p in pods:
             p.stop()
 
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    """Both gateway benchmarks draw their PNG from the JSON they save (the docs link the copies)."""
+    pytest.importorskip("matplotlib", reason="matplotlib draws the benchmark plots")
+    from bench import gateway_overhead, gateway_routing
+
+    arm = {"latencies_ms": [10.0, 20.0, 300.0], "p50_ms": 20.0, "p99_ms": 300.0, "goodput": 50.0, "refused_total": 1}
+    doc = {"settings": {"arms": ["kube-proxy", "leastWait"], "pods": 4, "clients": 32, "load": 0.8,
+                        "sizes": parse_sizes("10:0.6,30:0.3,120:0.1")},
+           "rate": 110.0, "machine": {"load_average_start": "1.00 1.00 1.00"},
+           "reps": [{"arms": {"kube-proxy": arm, "leastWait": {**arm, "p99_ms": 100.0}}}]}
+    png = gateway_routing.plot(doc, tmp_path / "routing.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    point = {"p50_ms": 2.0, "p99_ms": 9.0, "pod_cpu_us_per_req": 900.0}
+    odoc = {"points": {"direct": point, "gateway-uvloop": {**point, "gateway_cpu_us_per_req": 450.0}},
+            "rate": 200.0, "duration": 5.0, "machine": {"load_average_start": "1.00 1.00 1.00"},
+            "load_average_end": "1.10 1.00 1.00"}
+    png = gateway_overhead.plot(odoc, tmp_path / "overhead.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
