@@ -74,6 +74,12 @@ QUOTA_LEASE_AGE_SECONDS = "sluiceway_quota_lease_age_seconds"
 QUOTA_FALLBACK = "sluiceway_quota_fallback"
 #: Bytes of request bodies admitted and not yet given back (``server.maxInflightBodyBytes`` bounds it).
 INFLIGHT_BODY_BYTES = "sluiceway_inflight_body_bytes"
+#: Hot reload of tenants and keys from the mounted volumes (the pod's ``reload`` module): reloads by
+#: result (applied, rejected, restart_required) and 1 while the files on disk are rejected.
+CONFIG_RELOAD = "sluiceway_config_reload_total"
+CONFIG_RELOAD_FAILING = "sluiceway_config_reload_failing"
+#: How long each phase of a pod's last start took (fetched, loaded, warmed, ready), in seconds.
+START_PHASE_SECONDS = "sluiceway_start_phase_seconds"
 
 # Labels that Prometheus's relabeling puts on every scraped inference-pod series.
 SCRAPE_LABELS = ("namespace", "inferenceservice", "pod")

@@ -23,14 +23,12 @@ WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 INFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
-#: Hot reload of tenants and keys (:mod:`sluiceway_pod.reload`). Read by alerts and the sandbox;
-#: candidates for :mod:`sluiceway_core.metric_names` once another component reads them.
-CONFIG_RELOAD = "sluiceway_config_reload_total"
-CONFIG_RELOAD_FAILING = "sluiceway_config_reload_failing"
+#: Hot reload of tenants and keys (:mod:`sluiceway_pod.reload`) and the start phases
+#: (:mod:`sluiceway_pod.startphases`): names in :mod:`sluiceway_core.metric_names`.
+CONFIG_RELOAD = names.CONFIG_RELOAD
+CONFIG_RELOAD_FAILING = names.CONFIG_RELOAD_FAILING
 RELOAD_RESULTS = ("applied", "rejected", "restart_required")
-#: How long each phase of this pod's start took (:mod:`sluiceway_pod.startphases`); the operator
-#: reads it for the InferenceService status.
-START_PHASE_SECONDS = "sluiceway_start_phase_seconds"
+START_PHASE_SECONDS = names.START_PHASE_SECONDS
 
 
 class PodMetrics:
