@@ -61,6 +61,7 @@ from .policy import POLICY_REASON, PROMETHEUS_REASON, check_policy
 from .prom import PrometheusError, query_scalar, query_vector
 from .render import (
     KEYS_FILE,
+    RBAC_API,
     Environment,
     Owner,
     build_replicas,
@@ -118,6 +119,8 @@ class ApplyOutcome:
     tenant_quotas: tuple[TenantQuota, ...] = ()
     default_quota: TenantQuota | None = None
     quota_scope: str | None = None
+    #: Whether ``spec.gateway.enabled``: ``status.endpoint`` is then the gateway's Service.
+    gateway: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,7 @@ class Reconciler:
                 tenant_quotas=tuple(TenantQuota(tn.name, tn.rate, tn.max_concurrent) for tn in spec.tenants or []),
                 default_quota=TenantQuota("", spec.access.defaults.rate, spec.access.defaults.max_concurrent),
                 quota_scope="service" if shared else "pod",
+                gateway=spec.gateway.enabled,
             )
 
         previous_hash = st.applied.config_hash if st.applied else (body.get("status") or {}).get("configHash")
@@ -270,6 +274,7 @@ class Reconciler:
             service_monitor_labels=dict(self.config.service_monitor_labels),
             pod_log_format=self.config.pod_log_format,
             pod_tracing_endpoint=self.config.pod_tracing_endpoint,
+            gateway_image=self.config.gateway_image,
         )
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
@@ -283,7 +288,7 @@ class Reconciler:
         for m in rendered.manifests:
             existing = (
                 deployment
-                if m["kind"] == "Deployment"
+                if m["kind"] == "Deployment" and m["metadata"]["name"] == name
                 else self.kube.get(m["apiVersion"], m["kind"], namespace, m["metadata"]["name"])
             )
             if existing is not None and not controlled_by(existing, uid):
@@ -295,8 +300,12 @@ class Reconciler:
             )
             return outcome(spec, ("NameConflict", message), previous_hash)
 
-        # Everything the API server would refuse is found before anything is written.
+        # Everything the API server would refuse is found before anything is written. A RoleBinding
+        # to a Role not created yet is the one exception: the API server's escalation check needs the
+        # Role (it answers 403, not a refusal), so it is checked by its real apply, after the Role's.
         for m in rendered.manifests:
+            if m["kind"] == "RoleBinding" and not self._role_exists(namespace, m):
+                continue
             try:
                 self.kube.apply(m, dry_run=True)
             except ApiError as err:
@@ -329,10 +338,14 @@ class Reconciler:
                 )
         if rendered.replicas is not None and rendered.replicas != current:
             self.kube.apply(build_replicas(owner, rendered.replicas), manager=REPLICAS_MANAGER)
-        for api_version, kind in rendered.absent:
-            if self.kube.delete_owned(api_version, kind, namespace, name, uid):
-                log.info("pruned %s %s/%s", kind, namespace, name)
+        for api_version, kind, child in rendered.absent:
+            if self.kube.delete_owned(api_version, kind, namespace, child, uid):
+                log.info("pruned %s %s/%s", kind, namespace, child)
         return outcome(spec, None, rendered.config_hash)
+
+    def _role_exists(self, namespace: str, binding: Mapping[str, Any]) -> bool:
+        ref = binding["roleRef"]
+        return ref["kind"] != "Role" or self.kube.get(RBAC_API, "Role", namespace, ref["name"]) is not None
 
     def _prometheus_refusal(self, address: str) -> str:
         return (
@@ -533,7 +546,7 @@ class Reconciler:
         missing = None if st.series_missing_since is None else self.clock() - st.series_missing_since
         observed = Observed(
             generation=applied.generation,
-            endpoint=endpoint_url(Owner(name, namespace, uid)),
+            endpoint=endpoint_url(Owner(name, namespace, uid), gateway=applied.gateway),
             engine=applied.engine,
             spec_replicas=applied.spec_replicas,
             spec_permits=applied.spec_permits,

@@ -21,6 +21,14 @@ PodDisruptionBudget       ``<name>``          ``maxUnavailable`` from the spec
 ScaledObject (KEDA)       ``<name>``          engines ``keda`` and ``prometheus``, if KEDA exists
 ServiceMonitor            ``<name>``          if the Prometheus-operator CRD exists; labels:
                                               the operator's defaults, then the spec's
+ServiceAccount            ``<name>-gateway``  with ``spec.gateway.enabled``: the gateway's
+                                              identity (its API token reads EndpointSlices)
+Role, RoleBinding         ``<name>-gateway``  get/list/watch EndpointSlices in the namespace,
+                                              nothing else
+ConfigMap                 ``<name>-gateway``  ``gateway.yaml``: the gateway's config file
+Deployment                ``<name>-gateway``  ``sluiceway-gateway serve``
+Service                   ``<name>-gateway``  port ``http`` (8080): ``status.endpoint``
+PodDisruptionBudget       ``<name>-gateway``  one gateway pod evicted at a time
 ========================  ==================  ===============================================
 """
 
@@ -33,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from sluiceway_core.config import ConfigError, PodConfig, build_config
 from sluiceway_core.keys import keys_text as salted_keys_text
 from sluiceway_core.quota import TenantQuota
@@ -54,6 +63,8 @@ __all__ = [
     "Rendered",
     "build_config_map",
     "build_deployment",
+    "build_gateway_children",
+    "build_gateway_config",
     "build_keys_secret",
     "build_metrics_service",
     "build_pdb",
@@ -68,6 +79,7 @@ __all__ = [
     "clamp_replicas",
     "config_hash",
     "endpoint_url",
+    "gateway_name",
     "has_shared_quota",
     "keys_text",
     "pod_labels",
@@ -99,6 +111,22 @@ GRACE_SLACK_SECONDS = 10
 #: preStop sleep: the pod keeps serving while the endpoints controller and the proxies remove it
 #: from the Service, and only then gets SIGTERM and drains. Grace = preStop + drain + slack.
 PRESTOP_SLEEP_SECONDS = 5
+
+
+#: The gateway's config file in its ConfigMap (``sluiceway-gateway serve --config``).
+GATEWAY_CONFIG_FILE = "gateway.yaml"
+#: The gateway's drain budget (``sluiceway-gateway serve --drain-seconds``).
+GATEWAY_DRAIN_SECONDS = 10
+#: The gateway answers a request without a deadline header by this long after the pod's own
+#: end-to-end budget (``timeouts.request``), so the pod's 504 reaches the client first.
+GATEWAY_TIMEOUT_SLACK_SECONDS = 5
+RBAC_API = "rbac.authorization.k8s.io/v1"
+#: The gateway Role's only rule: EndpointSlice reads in the InferenceService's namespace.
+GATEWAY_RULE: Mapping[str, Any] = {
+    "apiGroups": ["discovery.k8s.io"],
+    "resources": ["endpointslices"],
+    "verbs": ["get", "list", "watch"],
+}
 
 
 @dataclass(frozen=True)
@@ -141,6 +169,9 @@ class Environment:
     #: The pods' OTLP/HTTP endpoint when ``spec.observability.tracing.endpoint`` is unset
     #: (``SLUICEWAY_POD_TRACING_ENDPOINT``); None = tracing off.
     pod_tracing_endpoint: str | None = None
+    #: The gateway's image (``SLUICEWAY_GATEWAY_IMAGE``, chart ``operator.gatewayImage``): the
+    #: ``sluiceway`` package with the ``gateway`` extra.
+    gateway_image: str = "ghcr.io/sluiceway/sluiceway:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -150,8 +181,8 @@ class Rendered:
     manifests: list[dict[str, Any]]
     config_hash: str
     pod_config: PodConfig
-    #: (apiVersion, kind) pairs that are *not* desired and should be pruned if present.
-    absent: list[tuple[str, str]] = field(default_factory=list)
+    #: (apiVersion, kind, name) of children that are *not* desired and are pruned if present.
+    absent: list[tuple[str, str, str]] = field(default_factory=list)
     #: The Deployment's replica count when the operator owns it (engines ``none`` and
     #: ``builtin``), applied with :func:`build_replicas`; ``None`` when an autoscaler owns it.
     replicas: int | None = None
@@ -170,15 +201,36 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "sluiceway-pod", INSTANCE_LABEL: name}
 
 
-def endpoint_url(owner: Owner) -> str:
-    return f"http://{owner.name}.{owner.namespace}.svc:{HTTP_PORT}"
+def gateway_name(owner: Owner) -> str:
+    return f"{owner.name}-gateway"
 
 
-def _metadata(owner: Owner, name: str) -> dict[str, Any]:
+def gateway_labels(name: str) -> dict[str, str]:
+    """The gateway's children and pods: never the pods' ``app.kubernetes.io/name``, so neither the
+    pods' Service nor their PDB selects a gateway pod."""
+    return {
+        "app.kubernetes.io/name": "sluiceway-gateway",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "sluiceway-operator",
+        INSTANCE_LABEL: name,
+    }
+
+
+def gateway_selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sluiceway-gateway", INSTANCE_LABEL: name}
+
+
+def endpoint_url(owner: Owner, gateway: bool = False) -> str:
+    """``status.endpoint``: the gateway's Service when it is on, else the pods' Service."""
+    host = gateway_name(owner) if gateway else owner.name
+    return f"http://{host}.{owner.namespace}.svc:{HTTP_PORT}"
+
+
+def _metadata(owner: Owner, name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner.namespace,
-        "labels": pod_labels(owner.name),
+        "labels": dict(labels) if labels is not None else pod_labels(owner.name),
         "ownerReferences": [
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
@@ -855,6 +907,178 @@ def build_service_monitor(
 
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+#: (apiVersion, kind) of every gateway child, each named ``<name>-gateway``, in apply order.
+GATEWAY_KINDS = (
+    ("v1", "ServiceAccount"),
+    (RBAC_API, "Role"),
+    (RBAC_API, "RoleBinding"),
+    ("v1", "ConfigMap"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("policy/v1", "PodDisruptionBudget"),
+)
+
+
+def build_gateway_config(owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig) -> dict[str, Any]:
+    """The gateway's config file (``gateway/sluiceway_gateway/config.py``, camelCase): discovery
+    through the EndpointSlices of the pods' Service (port ``http``), the spec's routing, and the
+    pods' own ``tenants`` and ``priorities`` blocks, so that the gateway admits exactly as the pods
+    do (the same key-hash file, mounted at the same path) but for the whole service."""
+    timeout = min(3600.0, parse_duration(spec.timeouts.request) + GATEWAY_TIMEOUT_SLACK_SECONDS)
+    return {
+        "listen": {"host": "0.0.0.0", "port": HTTP_PORT, "metricsPort": METRICS_PORT},
+        "watch": {"namespace": owner.namespace, "service": owner.name, "portName": "http"},
+        "routing": spec.gateway.routing,
+        "limits": {"requestTimeoutSeconds": timeout},
+        # only what the operator set in the pods' config (the gateway's model has the same defaults)
+        "tenants": cfg.tenants.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True),
+        "priorities": cfg.priorities.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True),
+    }
+
+
+def gateway_config_hash(config_yaml: str, keys: str) -> str:
+    """What the gateway reads at start: its config and the key hashes. A change rolls the gateway
+    (cheap: no model, no warm-up)."""
+    return config_hash(config_yaml, keys)
+
+
+def build_gateway_children(
+    owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig, keys: str, env: Environment
+) -> list[dict[str, Any]]:
+    """The gateway's children in apply order (:data:`GATEWAY_KINDS`).
+
+    The gateway reads EndpointSlices with its own ServiceAccount's token (a Role in this namespace
+    with get/list/watch on ``endpointslices`` and nothing else); it mounts the pods' ``<name>-keys``
+    Secret (``keys.txt`` only, not the quota token) at the pods' path, so the edge checks the same
+    key hashes. Readiness is ``/v2/health/live``: a gateway with no ready pod behind it stays in its
+    Service and answers 503 ``no_ready_pods`` rather than refusing connections.
+    """
+    name = gateway_name(owner)
+    labels = gateway_labels(owner.name)
+    selector = gateway_selector_labels(owner.name)
+    g = spec.gateway
+    config_yaml = yaml.safe_dump(build_gateway_config(owner, spec, cfg), sort_keys=True)
+    log_format = spec.observability.log_format or env.pod_log_format
+    container: dict[str, Any] = {
+        "name": "sluiceway-gateway",
+        "image": env.gateway_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [
+            "sluiceway-gateway",
+            "serve",
+            "--config",
+            f"{CONFIG_DIR}/{GATEWAY_CONFIG_FILE}",
+            "--drain-seconds",
+            str(GATEWAY_DRAIN_SECONDS),
+            "--log-format",
+            log_format,
+        ],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": {
+            "requests": {"cpu": str(g.resources.cpu), "memory": str(g.resources.memory)},
+            "limits": {"memory": str(g.resources.memory)},
+        },
+        "livenessProbe": _http_probe("/v2/health/live", 10, 3),
+        "readinessProbe": _http_probe("/v2/health/live", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "automountServiceAccountToken": True,  # the EndpointSlice watch
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": name}},
+            {
+                "name": "keys",
+                "secret": {"secretName": f"{owner.name}-keys", "items": [{"key": KEYS_FILE, "path": KEYS_FILE}]},
+            },
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS + GATEWAY_DRAIN_SECONDS + GRACE_SLACK_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(owner, name, labels)},
+        {
+            "apiVersion": RBAC_API,
+            "kind": "Role",
+            "metadata": _metadata(owner, name, labels),
+            "rules": [{k: list(v) for k, v in GATEWAY_RULE.items()}],
+        },
+        {
+            "apiVersion": RBAC_API,
+            "kind": "RoleBinding",
+            "metadata": _metadata(owner, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(owner, name, labels),
+            "data": {GATEWAY_CONFIG_FILE: config_yaml},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(owner, name, labels),
+            "spec": {
+                "replicas": g.replicas,
+                "selector": {"matchLabels": selector},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {
+                    "metadata": {
+                        "labels": labels,
+                        "annotations": {CONFIG_HASH_ANNOTATION: gateway_config_hash(config_yaml, keys)},
+                    },
+                    "spec": pod_spec,
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(owner, name, labels),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector,
+                "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _metadata(owner, name, labels),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": selector},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        },
+    ]
 
 
 def render(
@@ -894,13 +1118,17 @@ def render(
         build_metrics_service(owner),
         build_pdb(owner, spec),
     ]
-    absent: list[tuple[str, str]] = []
+    absent: list[tuple[str, str, str]] = []
+    if spec.gateway.enabled:
+        manifests.extend(build_gateway_children(owner, spec, cfg, keys, env))
+    else:
+        absent.extend((api, kind, gateway_name(owner)) for api, kind in GATEWAY_KINDS)
     if engine in ("keda", "prometheus") and env.keda:
         manifests.append(build_scaled_object(owner, spec, env))
     elif env.keda:
-        absent.append(SCALED_OBJECT)
+        absent.append((*SCALED_OBJECT, owner.name))
     if spec.monitoring.service_monitor and env.service_monitor:
         manifests.append(build_service_monitor(owner, spec, env.service_monitor_labels))
     elif env.service_monitor:
-        absent.append(SERVICE_MONITOR)
+        absent.append((*SERVICE_MONITOR, owner.name))
     return Rendered(manifests=manifests, config_hash=digest, pod_config=cfg, absent=absent, replicas=owned_replicas)

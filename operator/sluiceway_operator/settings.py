@@ -16,7 +16,8 @@ such as the ``release`` label kube-prometheus-stack selects on; a spec's
 ``monitoring.serviceMonitorLabels`` adds to them), ``SLUICEWAY_PROMETHEUS_AUTH_FILE`` (the credentials
 file of :mod:`sluiceway_core.promauth`, loaded once at start; a malformed one stops the operator),
 ``SLUICEWAY_POD_LOG_FORMAT`` / ``SLUICEWAY_POD_TRACING_ENDPOINT`` (the pods' defaults of
-``spec.observability``) and the policy's ``SLUICEWAY_ALLOWED_*`` lists (:mod:`.policy`).
+``spec.observability``), ``SLUICEWAY_GATEWAY_IMAGE`` (the image of the gateway pods an
+InferenceService with ``spec.gateway.enabled`` gets) and the policy's ``SLUICEWAY_ALLOWED_*`` lists (:mod:`.policy`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class OperatorConfig:
     #: The pods' OTLP/HTTP endpoint when a spec does not set ``observability.tracing.endpoint``
     #: (None: tracing off).
     pod_tracing_endpoint: str | None = None
+    #: The image of every rendered gateway (``spec.gateway``): the ``sluiceway`` package with the
+    #: ``gateway`` extra. The cluster admin's choice; a spec cannot name another.
+    gateway_image: str = "ghcr.io/sluiceway/sluiceway:0.1.0"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +98,10 @@ class OperatorConfig:
         if self.pod_log_format not in POD_LOG_FORMATS:
             raise ValueError(
                 f"SLUICEWAY_POD_LOG_FORMAT must be one of {', '.join(POD_LOG_FORMATS)}, not {self.pod_log_format!r}"
+            )
+        if not self.gateway_image or len(self.gateway_image) > 512 or any(c.isspace() for c in self.gateway_image):
+            raise ValueError(
+                f"SLUICEWAY_GATEWAY_IMAGE must be an image reference without whitespace, not {self.gateway_image!r}"
             )
         if self.pod_tracing_endpoint is not None and not _HTTP_URL.fullmatch(self.pod_tracing_endpoint):
             raise ValueError(
@@ -175,6 +183,7 @@ def config_from_env(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         prom_auth=prom_auth,
         pod_log_format=env.get("SLUICEWAY_POD_LOG_FORMAT") or OperatorConfig.pod_log_format,
         pod_tracing_endpoint=env.get("SLUICEWAY_POD_TRACING_ENDPOINT") or None,
+        gateway_image=env.get("SLUICEWAY_GATEWAY_IMAGE") or OperatorConfig.gateway_image,
     )
 
 

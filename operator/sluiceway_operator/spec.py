@@ -409,6 +409,29 @@ class ObservabilitySpec(_Model):
     tracing: TracingSpec = Field(default_factory=TracingSpec)
 
 
+GatewayRouting = Literal["leastWait", "powerOfTwo", "random"]
+
+
+class GatewayResourcesSpec(_Model):
+    """Each gateway pod's CPU request and memory request and limit (no GPU)."""
+
+    cpu: Quantity = "500m"
+    memory: Quantity = "256Mi"
+
+
+class GatewaySpec(_Model):
+    """``gateway``: the service edge (``sluiceway-gateway``, docs/gateway.md) in front of the pods.
+
+    Enabled, the operator renders its ConfigMap, Deployment, Service ``<name>-gateway``, PDB,
+    ServiceAccount, Role (EndpointSlice reads in the namespace) and RoleBinding, and
+    ``status.endpoint`` is the gateway's Service; the pods' Service stays."""
+
+    enabled: bool = False
+    replicas: int = Field(default=1, ge=1, le=32)
+    routing: GatewayRouting = "leastWait"
+    resources: GatewayResourcesSpec = Field(default_factory=GatewayResourcesSpec)
+
+
 class InferenceServiceSpec(_Model):
     """``spec`` of an InferenceService, defaults applied. Cross-field rules mirror the CRD's CEL."""
 
@@ -431,6 +454,7 @@ class InferenceServiceSpec(_Model):
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
     @model_validator(mode="after")
     def _cross(self) -> InferenceServiceSpec:

@@ -19,7 +19,7 @@ import yaml
 from chart_support import ALL_ON, CHART, SAMPLES, helm_binary, run_helm, sample_documents, write_values
 from kubetools import Admin, ControlPlane, establish_crd, run_operator, wait_for, write_kubeconfig
 from sluiceway_core.keys import hash_key, new_salt
-from sluiceway_operator.kube import Kube
+from sluiceway_operator.kube import ApiError, Kube
 from sluiceway_operator.render import Environment, Owner, render
 from sluiceway_operator.spec import parse_spec
 
@@ -156,8 +156,15 @@ NEEDED = [
     ("patch", "inferenceservices", "sluiceway.io", ""),
     ("patch", "inferenceservices", "sluiceway.io", "status"),
     ("create", "events", "", ""),
+    # spec.gateway: its ServiceAccount, Role and RoleBinding; EndpointSlice reads, which the Role grants
+    ("patch", "serviceaccounts", "", ""),
+    ("create", "roles", "rbac.authorization.k8s.io", ""),
+    ("patch", "rolebindings", "rbac.authorization.k8s.io", ""),
+    ("list", "endpointslices", "discovery.k8s.io", ""),
+    ("watch", "endpointslices", "discovery.k8s.io", ""),
 ]
-#: Never, anywhere.
+#: Never, anywhere. The operator creates RoleBindings (the gateway's) but can grant only what it
+#: holds itself: no bind, no escalate (test_operator_cannot_grant_more_than_it_holds).
 NEVER = [
     ("list", "secrets", "", ""),
     ("watch", "secrets", "", ""),
@@ -166,8 +173,12 @@ NEVER = [
     ("deletecollection", "secrets", "", ""),
     ("create", "pods", "", ""),
     ("delete", "inferenceservices", "sluiceway.io", ""),
-    ("create", "rolebindings", "rbac.authorization.k8s.io", ""),
     ("escalate", "roles", "rbac.authorization.k8s.io", ""),
+    ("escalate", "clusterroles", "rbac.authorization.k8s.io", ""),
+    ("bind", "roles", "rbac.authorization.k8s.io", ""),
+    ("bind", "clusterroles", "rbac.authorization.k8s.io", ""),
+    ("create", "clusterrolebindings", "rbac.authorization.k8s.io", ""),
+    ("create", "clusterroles", "rbac.authorization.k8s.io", ""),
 ]
 
 
@@ -203,6 +214,13 @@ def test_namespaced_rbac_by_subject_access_review(installed: str, admin: Admin) 
         for verb in ("get", "create", "patch", "delete"):
             assert not _can(admin, verb, "secrets", ns), (verb, ns)
         assert not _can(admin, "patch", "deployments", ns, "apps"), ns
+        for verb, resource, group in (
+            ("create", "rolebindings", "rbac.authorization.k8s.io"),
+            ("create", "roles", "rbac.authorization.k8s.io"),
+            ("create", "serviceaccounts", ""),
+            ("list", "endpointslices", "discovery.k8s.io"),
+        ):
+            assert not _can(admin, verb, resource, ns, group), (verb, resource, ns)
     assert not _can(admin, "get", "secrets")  # all namespaces
     assert not _can(admin, "list", "inferenceservices", group="sluiceway.io")
     for ns in (*WATCHED, OTHER):
@@ -258,6 +276,42 @@ def test_operator_runs_under_the_charts_namespaced_rbac(
         assert admin.get(f"/apis/apps/v1/namespaces/{OTHER}/deployments/demo") is None
 
 
+def test_operator_cannot_grant_more_than_it_holds(installed: str, admin: Admin, control_plane: ControlPlane) -> None:
+    """The operator may create Roles and RoleBindings (the gateway's), yet the API server's
+    escalation check stops it granting what it does not hold: a RoleBinding to the ``admin``
+    ClusterRole, or a Role that lists Secrets, is forbidden in a namespace it watches; the gateway's
+    Role (EndpointSlice reads) is allowed."""
+    operator = Admin(Kube(control_plane.client(_operator_kubeconfig(control_plane, admin))))
+    ns = WATCHED[0]
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}"
+    grab_admin = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "grab-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
+    }
+    read_secrets = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "read-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}],
+    }
+    for path, body in ((f"{rbac}/rolebindings", grab_admin), (f"{rbac}/roles", read_secrets)):
+        with pytest.raises(ApiError) as info:
+            operator.create(path, body, dry_run=True)
+        assert info.value.status == 403, body["metadata"]["name"]
+    gateway_role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "gateway-like"},
+        "rules": [
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+        ],
+    }
+    assert operator.create(f"{rbac}/roles", gateway_role, dry_run=True)["metadata"]["name"] == "gateway-like"
+
+
 def _kind_path(doc: dict[str, Any]) -> str:
     ns = doc["metadata"].get("namespace", "default")
     paths = {
@@ -307,6 +361,9 @@ def test_sample_is_accepted_by_the_api_server_and_renders(installed: str, admin:
                 "Service": "services",
                 "Deployment": "deployments",
                 "PodDisruptionBudget": "poddisruptionbudgets",
+                "ServiceAccount": "serviceaccounts",
+                "Role": "roles",
+                "RoleBinding": "rolebindings",
             }[manifest["kind"]]
             prefix = "/api/v1" if manifest["apiVersion"] == "v1" else f"/apis/{manifest['apiVersion']}"
             admin.create(f"{prefix}/namespaces/{meta['namespace']}/{plural}", manifest, dry_run=True)

@@ -512,10 +512,14 @@ def test_missing_secret_gives_config_invalid_and_leaves_children(admin: Admin, o
     assert 'labelled sluiceway.io/tenant-key: "true"' in missing_message
     assert "does not exist" not in missing_message  # generic: no oracle for which Secrets exist
     assert _cond(obj, "Ready")["status"] == "False"
-    events = admin.call(
-        "GET", f"/api/v1/namespaces/{NS}/events", query=[("fieldSelector", "involvedObject.name=keyed")]
-    )["items"]
-    assert any(e["reason"] == "TenantKeyUnavailable" and e["type"] == "Warning" for e in events)
+    # the operator writes the status first, then posts the Event: wait for it (bounded)
+    def warned() -> bool:
+        events = admin.call(
+            "GET", f"/api/v1/namespaces/{NS}/events", query=[("fieldSelector", "involvedObject.name=keyed")]
+        )["items"]
+        return any(e["reason"] == "TenantKeyUnavailable" and e["type"] == "Warning" for e in events)
+
+    wait_for(warned, 10, what="a Warning Event TenantKeyUnavailable")
     # Existing children untouched, across several drift-timer ticks.
     time.sleep(5)
     assert _hash(admin, "keyed") == before
@@ -581,3 +585,101 @@ def test_builtin_engine_without_prometheus_reports_it(admin: Admin, operator_pro
     dep = _children(admin, "builtin")["Deployment"]
     assert dep["spec"]["replicas"] == 2
     admin.call("DELETE", _path("builtin"))
+
+
+# ---------------------------------------------------------------------------------------- gateway
+
+
+def _gateway_children(admin: Admin, name: str) -> dict[str, Any]:
+    gw = f"{name}-gateway"
+    return {
+        "ServiceAccount": admin.get(f"/api/v1/namespaces/{NS}/serviceaccounts/{gw}"),
+        "Role": admin.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles/{gw}"),
+        "RoleBinding": admin.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/{gw}"),
+        "ConfigMap": admin.get(f"/api/v1/namespaces/{NS}/configmaps/{gw}"),
+        "Deployment": admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{gw}"),
+        "Service": admin.get(f"/api/v1/namespaces/{NS}/services/{gw}"),
+        "PodDisruptionBudget": admin.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/{gw}"),
+    }
+
+
+def test_gateway_children_applied_and_its_role_reads_only_endpoint_slices(
+    control_plane: ControlPlane, admin: Admin, operator_process: Path
+) -> None:
+    """Issue 19 §3: the operator (under the chart's rules) creates the gateway's children with
+    server-side apply, its ServiceAccount's token can read EndpointSlices in the namespace and
+    nothing else, status.endpoint is the gateway's Service, and turning it off prunes them all."""
+    from kubetools import write_kubeconfig
+
+    admin.create(_path(), _isvc("edge", autoscaling={"engine": "none"}, gateway={"enabled": True, "replicas": 2}))
+    cr = admin.get(_path("edge"))
+    uid = cr["metadata"]["uid"]
+    children = wait_for(
+        lambda: (c := _gateway_children(admin, "edge")) and all(c.values()) and c, 60, what="gateway children"
+    )
+    for kind, obj in children.items():
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["uid"], ref["controller"]) == (uid, True), kind
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        assert managers == {"sluiceway-operator"}, kind
+    assert children["Role"]["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert children["Deployment"]["spec"]["replicas"] == 2
+    assert children["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "edge-gateway"
+    assert _children(admin, "edge")["Service"] is not None  # the pods' Service stays
+    wait_for(
+        lambda: admin.get(_path("edge")).get("status", {}).get("endpoint") == f"http://edge-gateway.{NS}.svc:8080",
+        30,
+        what="status.endpoint on the gateway",
+    )
+
+    # The gateway's own token: EndpointSlice reads in its namespace, nothing else.
+    token = admin.create(
+        f"/api/v1/namespaces/{NS}/serviceaccounts/edge-gateway/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
+    )["status"]["token"]
+    kubeconfig = control_plane.workdir / "gateway.kubeconfig"
+    write_kubeconfig(kubeconfig, control_plane.server, token)
+    gateway = Admin(Kube(control_plane.client(kubeconfig)))
+    slices = gateway.call(
+        "GET",
+        f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+        query=[("labelSelector", "kubernetes.io/service-name=edge")],
+    )
+    assert slices["kind"] == "EndpointSliceList"
+    denied = {
+        "secrets": f"/api/v1/namespaces/{NS}/secrets",
+        "pods": f"/api/v1/namespaces/{NS}/pods",
+        "configmaps": f"/api/v1/namespaces/{NS}/configmaps",
+        "endpointslices elsewhere": f"/apis/discovery.k8s.io/v1/namespaces/{OP_NS}/endpointslices",
+        "endpointslices cluster-wide": "/apis/discovery.k8s.io/v1/endpointslices",
+    }
+    for what, path in denied.items():
+        with pytest.raises(ApiError) as info:
+            gateway.call("GET", path)
+        assert info.value.status == 403, what
+    review = admin.create(
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": f"system:serviceaccount:{NS}:edge-gateway",
+                "resourceAttributes": {
+                    "namespace": NS, "verb": "delete", "group": "discovery.k8s.io", "resource": "endpointslices",
+                },
+            },
+        },
+    )
+    assert review["status"]["allowed"] is False
+
+    # Off: every gateway child is pruned, the endpoint goes back to the pods' Service.
+    admin.call("PATCH", _path("edge"), body=[{"op": "replace", "path": "/spec/gateway/enabled", "value": False}])
+    wait_for(lambda: not any(_gateway_children(admin, "edge").values()), 30, what="gateway children pruned")
+    wait_for(
+        lambda: admin.get(_path("edge")).get("status", {}).get("endpoint") == f"http://edge.{NS}.svc:8080",
+        30,
+        what="status.endpoint on the pods' Service",
+    )
+    admin.call("DELETE", _path("edge"))

@@ -45,24 +45,33 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
     """
     import copy
 
-    from sluiceway_operator.render import config_hash
+    from sluiceway_gateway.config import GatewayConfig
+    from sluiceway_operator.render import GATEWAY_CONFIG_FILE, config_hash, gateway_config_hash
 
     out = copy.deepcopy(rendered.manifests)
+    secret = next(m for m in rendered.manifests if m["kind"] == "Secret")
+    import base64
+
+    keys = base64.b64decode(secret["data"]["keys.txt"]).decode()
     for m in out:
-        if m["kind"] == "ConfigMap":
+        if m["kind"] == "ConfigMap" and GATEWAY_CONFIG_FILE in m["data"]:
+            # the gateway's own model loads it (gateway/sluiceway_gateway/config.py)
+            GatewayConfig.model_validate(yaml.safe_load(m["data"][GATEWAY_CONFIG_FILE]))
+            gateway_cm = m["data"][GATEWAY_CONFIG_FILE]
+        elif m["kind"] == "ConfigMap":
             full = m["data"]["config.yaml"]
             assert PodConfig.model_validate(yaml.safe_load(full)) == rendered.pod_config
             m["data"]["config.yaml"] = yaml.safe_dump(
                 rendered.pod_config.model_dump(mode="json", by_alias=True, exclude_unset=True), sort_keys=True
             )
-        if m["kind"] == "Deployment":
+        if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-gateway"):
+            ann = m["spec"]["template"]["metadata"]["annotations"]
+            assert ann[CONFIG_HASH_ANNOTATION] == gateway_config_hash(gateway_cm, keys)
+            ann[CONFIG_HASH_ANNOTATION] = "<gateway-config-hash>"
+        elif m["kind"] == "Deployment":
             ann = m["spec"]["template"]["metadata"]["annotations"]
             assert ann[CONFIG_HASH_ANNOTATION] == rendered.config_hash
             ann[CONFIG_HASH_ANNOTATION] = "<config-hash>"
-    secret = next(m for m in rendered.manifests if m["kind"] == "Secret")
-    import base64
-
-    keys = base64.b64decode(secret["data"]["keys.txt"]).decode()
     cm = next(m for m in rendered.manifests if m["kind"] == "ConfigMap")
     assert rendered.config_hash == config_hash(cm["data"]["config.yaml"], keys)
     return out
@@ -88,7 +97,9 @@ def test_core_manifests_validate_strict(name: str) -> None:
             continue  # CRDs unknown to kubernetes-validate; checked by shape below
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         checked += 1
-    assert checked == 6  # ConfigMap, Secret, Deployment, Service, the metrics Service, PDB
+    # ConfigMap, Secret, Deployment, Service, the metrics Service, PDB; with the gateway also its
+    # ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service and PDB
+    assert checked == (13 if parse_spec(load_case(name)["spec"]).gateway.enabled else 6)
 
 
 def test_crd_validates_strict() -> None:
@@ -343,8 +354,8 @@ def test_optional_children_follow_cluster_capabilities() -> None:
     kinds = [m["kind"] for m in _render_case("minimal", env=bare).manifests]
     assert kinds == ["ConfigMap", "Secret", "Deployment", "Service", "Service", "PodDisruptionBudget"]
     fixed = _render_case("fixed")
-    assert ("keda.sh/v1alpha1", "ScaledObject") in fixed.absent
-    assert ("monitoring.coreos.com/v1", "ServiceMonitor") in fixed.absent
+    assert ("keda.sh/v1alpha1", "ScaledObject", "demo") in fixed.absent
+    assert ("monitoring.coreos.com/v1", "ServiceMonitor", "demo") in fixed.absent
 
 
 def test_prometheus_engine_without_address_is_a_spec_error() -> None:
@@ -481,3 +492,110 @@ def test_rendered_max_shape_is_enforced_by_a_real_pod(tmp_path: Any) -> None:
                 assert "exceeds maxShape [4, 8]" in r.json()["error"], r.text
     finally:
         pod.terminate(30)
+
+
+# -- spec.gateway (issue 19 §3) ----------------------------------------------------------------------
+
+
+def _gateway_children(rendered: Any) -> dict[str, dict[str, Any]]:
+    return {m["kind"]: m for m in rendered.manifests if m["metadata"]["name"].endswith("-gateway")}
+
+
+def test_gateway_children_run_the_gateway_cli_on_its_own_config(tmp_path: Any) -> None:
+    """The Deployment's command is one ``sluiceway-gateway`` parses, and the ConfigMap is a file its
+    loader accepts: EndpointSlices of the pods' Service, the spec's routing, the pods' tenants and
+    key-hash file (the same Secret, keys.txt only)."""
+    from sluiceway_gateway.cli import parser
+    from sluiceway_gateway.config import load_gateway_config
+
+    rendered = _render_case("gateway")
+    kinds = _gateway_children(rendered)
+    assert list(kinds) == [
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+    ]
+    dep = kinds["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == ENV.gateway_image
+    assert c["command"][0] == "sluiceway-gateway"
+    args = parser().parse_args(c["command"][1:])
+    assert (args.command, args.config, args.drain_seconds) == ("serve", "/etc/sluiceway/gateway.yaml", 10.0)
+    config_file = tmp_path / "gateway.yaml"
+    config_file.write_text(kinds["ConfigMap"]["data"]["gateway.yaml"])
+    cfg = load_gateway_config(config_file)
+    assert cfg.routing == "powerOfTwo"
+    assert cfg.watch is not None and (cfg.watch.namespace, cfg.watch.service, cfg.watch.port_name) == (
+        "serving", "edge", "http",
+    )
+    assert cfg.tenants == rendered.pod_config.tenants  # admission at the edge as the pods have it
+    assert cfg.tenants is not None and cfg.tenants.keys_file == "/var/run/secrets/sluiceway/keys.txt"
+    assert cfg.priorities.classes == ["interactive", "batch"]
+    assert cfg.limits.request_timeout_seconds == 25.0  # timeouts.request 20s + 5s: the pod's 504 first
+    keys_volume = next(v for v in pod["volumes"] if v["name"] == "keys")
+    assert keys_volume["secret"] == {"secretName": "edge-keys", "items": [{"key": "keys.txt", "path": "keys.txt"}]}
+    assert {"name": "keys", "mountPath": "/var/run/secrets/sluiceway", "readOnly": True} in c["volumeMounts"]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("edge-gateway", True)
+    assert dep["spec"]["replicas"] == 2
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "512Mi"}}
+
+
+def test_gateway_role_reads_only_endpoint_slices_and_binds_only_its_account() -> None:
+    kinds = _gateway_children(_render_case("gateway"))
+    assert kinds["Role"]["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = kinds["RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "edge-gateway"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "edge-gateway", "namespace": "serving"}]
+
+
+def test_gateway_pods_and_inference_pods_never_select_each_other() -> None:
+    """The pods' Service (what the gateway watches) and PDB select only inference pods; the gateway's
+    Service and PDB only gateway pods."""
+    rendered = _render_case("gateway")
+    gw = _gateway_children(rendered)
+    pods = {(m["kind"], m["metadata"]["name"]): m for m in rendered.manifests}
+    gateway_pod = gw["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    inference_pod = pods[("Deployment", "edge")]["spec"]["template"]["metadata"]["labels"]
+
+    def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    for key in (("Service", "edge"), ("Service", "edge-metrics")):
+        assert selects(pods[key]["spec"]["selector"], inference_pod)
+        assert not selects(pods[key]["spec"]["selector"], gateway_pod)
+    assert not selects(pods[("PodDisruptionBudget", "edge")]["spec"]["selector"]["matchLabels"], gateway_pod)
+    assert selects(gw["Service"]["spec"]["selector"], gateway_pod)
+    assert not selects(gw["Service"]["spec"]["selector"], inference_pod)
+    assert not selects(gw["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"], inference_pod)
+
+
+def test_gateway_off_prunes_every_gateway_child() -> None:
+    rendered = _render_case("minimal")
+    assert not _gateway_children(rendered)
+    assert {(a, k, n) for a, k, n in rendered.absent if n == "tiny-gateway"} == {
+        ("v1", "ServiceAccount", "tiny-gateway"),
+        ("rbac.authorization.k8s.io/v1", "Role", "tiny-gateway"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", "tiny-gateway"),
+        ("v1", "ConfigMap", "tiny-gateway"),
+        ("apps/v1", "Deployment", "tiny-gateway"),
+        ("v1", "Service", "tiny-gateway"),
+        ("policy/v1", "PodDisruptionBudget", "tiny-gateway"),
+    }
+
+
+def test_gateway_rolls_on_key_or_config_changes() -> None:
+    cr = load_case("gateway")
+    owner = Owner("edge", "serving", "u")
+    spec = parse_spec(cr["spec"])
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+
+    def gateway_hash(s: Any, h: dict[str, str]) -> str:
+        dep = _gateway_children(render(owner, s, h, ENV, salt=TEST_SALT))["Deployment"]
+        return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    base = gateway_hash(spec, hashes)
+    assert gateway_hash(spec, hashes) == base
+    assert gateway_hash(spec, {**hashes, "search": hash_key("rotated-key", TEST_SALT)}) != base
+    routed = parse_spec({**cr["spec"], "gateway": {**cr["spec"]["gateway"], "routing": "random"}})
+    assert gateway_hash(routed, hashes) != base
