@@ -46,15 +46,29 @@ PEERS = ("keda-concurrency", "keda-rate", "hpa-utilisation", "knative-kpa", "ray
 #: The default table: ours (both engines, and the policy before issue 21), the fair peers, the oracle.
 POLICIES = ("ours-keda", "ours-builtin", "ours-gateway", "ours-keda-before", *PEERS, "oracle")
 #: Also runnable: variants of ours and the queue-only KEDA trigger.
-EXTRA = ("ours-keda-029d718", "ours-keda-hpa-paced", "ours-keda-predictive", "ours-keda-podpoll", "keda-queue")
+EXTRA = (
+    "ours-keda-held",
+    "ours-keda-029d718",
+    "ours-keda-hpa-paced",
+    "ours-keda-predictive",
+    "ours-keda-podpoll",
+    "keda-queue",
+)
 
 
 def build_policies(
     names: Sequence[str], model: ServiceModel, rate: np.ndarray, max_replicas: int
 ) -> list[Controller]:
     spec = default_spec(max_replicas)
-    before = replace(spec, sustained_demand=False, burst_utilisation=None)
-    old = replace(spec_at_029d718(max_replicas), sustained_demand=False, burst_utilisation=None)
+    # issue 21's rules off: no sustained demand, no requests-in-pods term, no burst headroom, every
+    # term held by the whole window, the pace and release whatever the load
+    before = replace(spec, sustained_demand=False, burst_utilisation=None, shortage_hold=None, recur_memory=None)
+    old = replace(
+        spec_at_029d718(max_replicas), sustained_demand=False, burst_utilisation=None, shortage_hold=None,
+        recur_memory=None,
+    )
+    # the revision before the shortage hold and the recurrence rule (every term held by the window)
+    held = replace(spec, shortage_hold=None, recur_memory=None)
     per_replica = 0.8  # every KEDA peer's threshold: 80 % of what one replica carries
     predictive = replace(spec, predict_seconds=model.startup.mean)
     makers: dict[str, Callable[[], Controller]] = {
@@ -68,6 +82,7 @@ def build_policies(
         "ours-keda-hpa-paced": lambda: OursKeda(
             spec, rendered_behavior(spec, windows_add_up=True, scaler_paces=False), name="ours-keda-hpa-paced"
         ),
+        "ours-keda-held": lambda: OursKeda(held, rendered_behavior(held, windows_add_up=True), name="ours-keda-held"),
         "ours-keda-before": lambda: OursKeda(
             before, rendered_behavior(before, windows_add_up=True), name="ours-keda-before"
         ),

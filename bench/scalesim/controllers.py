@@ -298,9 +298,14 @@ class OursKeda:
     def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
         if self._hpa is None:
             self._hpa = Hpa(self.spec.min_replicas, self.spec.max_replicas, self.hpa_behavior)
-        if self.polling and t % self.polling == self.polling_offset % self.polling:
+        # ``t`` is the second after the simulated one (``sim.run`` calls ``decide(t + 1)``); the HPA
+        # syncs on the same simulated seconds as the peers' HPAs (``interval = HPA_SYNC``), so every
+        # HPA in the cluster reads the scrape of its own second (issue 21: ours synced one second
+        # earlier and read a scrape 14 s older than the peers did)
+        second = t - 1
+        if self.polling and second % self.polling == self.polling_offset % self.polling:
             self._scaler(t, prom, pool)  # KEDA's polling loop: asked, not applied
-        if t % self.hpa_sync:
+        if second % self.hpa_sync:
             return None
         metric = float(self._scaler(t, prom, pool))
         ratio = metric / max(1, pool.total)

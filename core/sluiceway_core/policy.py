@@ -168,6 +168,17 @@ class ScalingSpec:
     #: about the pods' start-up: a rise slower than this is met by scaling, not by headroom
     burst_span: float = 180.0
     burst_memory: float = 1200.0
+    #: Shortage hold (issue 21): with load terms (a utilisation target), the part of a
+    #: recommendation above them (raised by a shortage: backlog, wait, requests in the pods) is held
+    #: by the scale-down window for this many seconds only, then the load terms carry the count.
+    #: Long enough for a rate window (1-2 min) plus a scrape to measure the load that raised it.
+    #: None: held for the whole window (the rule before).
+    shortage_hold: float | None = 90.0
+    #: Recurrence (issue 21): with load terms, the scale-down pace and the release window hold a
+    #: surplus through a lull only while the load has come back to a level it had left, within this
+    #: many seconds (``ScaleHistory.returned_at``); otherwise the surplus goes after the scale-down
+    #: window. None: always hold (the rule before).
+    recur_memory: float | None = 3600.0
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -188,6 +199,10 @@ class ScalingSpec:
             raise ValueError("burst_utilisation must be within (0, 1]")
         if not self.burst_rise > 0 or not self.burst_span > 0 or not self.burst_memory > 0:
             raise ValueError("burst_rise, burst_span and burst_memory must be > 0")
+        if self.shortage_hold is not None and not self.shortage_hold >= 0:
+            raise ValueError("shortage_hold must be >= 0")
+        if self.recur_memory is not None and not self.recur_memory > 0:
+            raise ValueError("recur_memory must be > 0")
         if self.predict_seconds is not None and not self.predict_seconds > 0:
             raise ValueError("predict_seconds must be > 0")
         up, down = self.scale_up, self.scale_down
@@ -224,11 +239,23 @@ class ScaleHistory:
     entries: tuple[HistoryEntry, ...] = ()
     #: when the recorded load last jumped (``ScalingSpec.burst_rise`` within ``burst_span``); None: not seen
     jumped_at: float | None = None
+    #: when the load last jumped back to a level it had held before a lull (``ScalingSpec.recur_memory``)
+    returned_at: float | None = None
 
-    def recorded(self, entry: HistoryEntry, keep_seconds: float, jumped_at: float | None = None) -> ScaleHistory:
+    def recorded(
+        self,
+        entry: HistoryEntry,
+        keep_seconds: float,
+        jumped_at: float | None = None,
+        returned_at: float | None = None,
+    ) -> ScaleHistory:
         horizon = entry.at - keep_seconds
         kept = tuple(e for e in self.entries if e.at >= horizon)
-        return ScaleHistory((*kept, entry), self.jumped_at if jumped_at is None else jumped_at)
+        return ScaleHistory(
+            (*kept, entry),
+            self.jumped_at if jumped_at is None else jumped_at,
+            self.returned_at if returned_at is None else returned_at,
+        )
 
 
 @dataclass(frozen=True)
@@ -339,24 +366,70 @@ def _predicted(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, 
     return n, f"offered {offered:.3g}/s rising {trend:.3g}/s^2 -> {projected:.3g}/s in {spec.predict_seconds:g}s -> {n}"
 
 
-def _release_window(down: ScaleDownPolicy) -> float | None:
+def _release_window(down: ScaleDownPolicy, recurring: bool = True, hold: float | None = None) -> float | None:
     """The release window when it applies: it needs a pace to lift and must be longer than the
-    stabilisation window."""
+    stabilisation window. Without recurrence (``ScalingSpec.recur_memory``) it is the stabilisation
+    window plus one period, and no shorter than the shortage hold: the surplus goes once the window
+    has passed it and the load terms have measured the load."""
     paced = down.max_pods is not None or down.max_percent is not None
     window = down.release_window
+    if paced and window is not None and not recurring:
+        return min(window, max(down.stabilization_window + down.period, hold or 0.0))
     return window if paced and window is not None and window > down.stabilization_window else None
 
 
-def _released(history: ScaleHistory, down: ScaleDownPolicy, now: float, bounded: int) -> int | None:
-    """The highest recommendation of the release window, or None when the release does not apply
-    or the history does not yet span the window (a restarted scaler must not release at once)."""
-    window = _release_window(down)
+def _released(
+    history: ScaleHistory,
+    down: ScaleDownPolicy,
+    now: float,
+    bounded: int,
+    held: list[int],
+    recurring: bool,
+    hold: float | None,
+) -> int | None:
+    """The highest (held) recommendation of the release window, or None when the release does not
+    apply or the history does not yet span the window (a restarted scaler must not release at once)."""
+    window = _release_window(down, recurring, hold)
     if window is None or not history.entries:
         return None
     start = now - window
     if history.entries[0].at > start:
         return None
-    return max([bounded, *(e.recommendation for e in history.entries if e.at >= start)])
+    return max([bounded, *(h for e, h in zip(history.entries, held, strict=True) if e.at >= start)])
+
+
+def _held(history: ScaleHistory, spec: ScalingSpec, now: float) -> list[int]:
+    """What each recorded decision still asks the scale-down window to hold: its whole
+    recommendation, or, once older than ``shortage_hold`` and where the load terms were recorded
+    (a utilisation target), only the load terms' part (``HistoryEntry.load``)."""
+    hold = spec.shortage_hold
+    if hold is None or spec.target_utilisation is None:
+        return [e.recommendation for e in history.entries]
+    return [
+        e.recommendation if e.load is None or now - e.at <= hold else min(e.recommendation, e.load)
+        for e in history.entries
+    ]
+
+
+def _recurring(history: ScaleHistory, spec: ScalingSpec, now: float) -> bool:
+    """Whether the pace and the release window may hold a surplus through a lull: always without
+    load terms or with ``recur_memory`` off; else only while the load came back within the memory."""
+    if spec.recur_memory is None or spec.target_utilisation is None:
+        return True
+    return history.returned_at is not None and now - history.returned_at <= spec.recur_memory
+
+
+def _returns(history: ScaleHistory, spec: ScalingSpec, now: float, recorded: int) -> bool:
+    """Whether a jump of the load (``_jumps``) came back to a level the load had before its lull:
+    a load recommendation at least ``recorded / (1 + burst_rise)`` recorded before the lowest
+    point of the ``burst_span`` that the jump rose from."""
+    start = now - spec.burst_span
+    span = [(e.load if e.load is not None else e.recommendation, e.at) for e in history.entries if e.at >= start]
+    if not span:
+        return False
+    low, low_at = min(span, key=lambda x: (x[0], -x[1]))
+    before = [e.load if e.load is not None else e.recommendation for e in history.entries if e.at < low_at]
+    return bool(before) and max(before) * (1 + spec.burst_rise) >= recorded > low
 
 
 def _bursting(history: ScaleHistory, spec: ScalingSpec, now: float) -> bool:
@@ -373,7 +446,7 @@ def _jumps(history: ScaleHistory, spec: ScalingSpec, now: float, recorded: int) 
     """Whether the load recommendation recorded now is a jump: at least ``burst_rise`` (and two
     pods, so that 1 <-> 2 at a trickle is no jump) above the lowest recorded in the
     ``burst_span`` seconds before it."""
-    if spec.burst_utilisation is None or spec.target_utilisation is None:
+    if spec.target_utilisation is None:
         return False
     start = now - spec.burst_span
     lows = [e.recommendation if e.load is None else e.load for e in history.entries if e.at >= start]
@@ -394,6 +467,9 @@ def desired_replicas(
     if spec.burst_utilisation is not None:
         keep = max(keep, spec.burst_span)
     release = _release_window(down)
+    if spec.recur_memory is not None and spec.target_utilisation is not None:
+        # the history must show the level the load had before a lull, a release window back
+        keep = max(keep, down.release_window or 0.0, spec.burst_span)
     if release is not None:
         # one entry older than the release window must stay, to show the history spans it
         keep = max(keep, release + down.period)
@@ -446,8 +522,10 @@ def desired_replicas(
                 replicas = step_cap
                 why += f"; scale-up step limited to {replicas}"
     elif bounded < current:
+        held = _held(history, spec, now)
+        recurring = _recurring(history, spec, now)
         window_start = now - spec.scale_down.stabilization_window
-        seen = [e.recommendation for e in history.entries if e.at >= window_start]
+        seen = [h for e, h in zip(history.entries, held, strict=True) if e.at >= window_start]
         replicas = max([bounded, *seen])
         if replicas > bounded:
             why += f"; stabilised at {replicas} (highest in {spec.scale_down.stabilization_window:g}s)"
@@ -461,10 +539,12 @@ def desired_replicas(
                 1,
             )
             floor = top - allowed
-            released = _released(history, down, now, bounded)
+            released = _released(history, down, now, bounded, held, recurring, spec.shortage_hold)
             if replicas < floor and released is not None and released < floor:
                 replicas = max(replicas, released)
-                why += f"; highest recommendation in {down.release_window:g}s is {released}: released to {replicas}"
+                window = _release_window(down, recurring, spec.shortage_hold)
+                note = "" if recurring else " (the load has not come back after a lull)"
+                why += f"; highest recommendation in {window:g}s is {released}{note}: released to {replicas}"
             elif replicas < floor:
                 replicas = floor
                 why += f"; scale-down limited to {allowed} pods per {down.period:g}s -> {replicas}"
@@ -474,5 +554,7 @@ def desired_replicas(
         replicas = bounded
 
     entry = HistoryEntry(now, bounded, replicas, load_rec)
-    jumped = now if _jumps(history, spec, now, load_rec) else None
-    return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped))
+    rose = _jumps(history, spec, now, load_rec)
+    jumped = now if rose and spec.burst_utilisation is not None else None
+    returned = now if rose and spec.recur_memory is not None and _returns(history, spec, now, load_rec) else None
+    return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped, returned))

@@ -224,23 +224,23 @@ def test_demand_applies_without_refusals_and_in_pods_reads_the_load_now() -> Non
     assert d.replicas == 20 and "requests in the pods" in d.reason
 
 
-def test_requests_in_pods_are_exempt_from_the_ready_step_and_held_like_any_recommendation() -> None:
+def test_requests_in_pods_are_exempt_from_the_ready_step_and_held_for_the_shortage_hold() -> None:
     """A flash crowd: 100 pods asked for, 10 serve with full queues (44 requests each). The requests
-    in the pods ask for 440 / 3.2 = 138 at once (the ready-based step alone allowed 20). The
-    history records that recommendation (all terms, HPA semantics; 3b75ed8 recorded the load terms
-    only and let a raised count go at once, which broke the scale-down window, see
-    test_a_count_raised_by_a_shortage_is_held_by_the_scale_down_window): the window holds 138, then
-    the pace applies; the release window (20 min) ends the surplus."""
+    in the pods ask for 440 / 3.2 = 138 at once (the ready-based step alone allowed 20). The history
+    records that recommendation and the load terms' part apart (``load``: the utilisation's 13).
+    The scale-down window holds the whole 138 for the shortage hold (90 s: a rate window and a
+    scrape, long enough for the load terms to measure the load that raised it; issue 21), then only
+    the load terms' part; the pace applies below it."""
     sat = Signals(queue_depth=400, utilisation=1.0, ready_replicas=10, permits=4, requests_in_pods=440.0)
     d = desired_replicas(sat, SPEC, 100, ScaleHistory(), 0.0)
     assert d.replicas == 138
-    assert d.history.entries[-1].recommendation == 138
+    assert (d.history.entries[-1].recommendation, d.history.entries[-1].load) == (138, 13)
     calm = Signals(queue_depth=0, utilisation=0.34, ready_replicas=138, permits=4, requests_in_pods=190.0)
-    # within the 300 s window: held
-    assert desired_replicas(calm, SPEC, 138, d.history, 200.0).replicas == 138
-    # after it: the 138 pods serve what 60 need; paced at 1 pod per 60 s
-    paced = ScaleHistory(tuple(HistoryEntry(15.0 * i, 60, 138) for i in range(1, 21)))
-    assert desired_replicas(calm, SPEC, 138, paced, 305.0).replicas == 137
+    # within the shortage hold: held
+    assert desired_replicas(calm, SPEC, 138, d.history, 80.0).replicas == 138
+    # after it the 138 pods serve what 60 need; paced at 1 pod per 60 s
+    later = desired_replicas(calm, SPEC, 138, d.history, 200.0)
+    assert later.replicas == 137, later.reason
 
 
 def test_a_load_that_jumped_is_sized_with_burst_headroom_for_the_memory() -> None:
@@ -297,3 +297,77 @@ def test_a_count_raised_by_a_shortage_is_held_by_the_scale_down_window() -> None
     # once the window has passed the raised recommendation, the count follows the load down
     d4 = desired_replicas(replace(drained, ready_replicas=4, utilisation=0.25), demo, 4, d3.history, 80.0)
     assert d4.replicas == 2, d4.reason
+
+
+def test_a_count_raised_by_a_shortage_is_held_for_the_shortage_hold_not_the_whole_window() -> None:
+    """Issue 21 (flash, stairs, bursty): saturated pods hold full queues, so the requests in the
+    pods ask for 13.75x the pods that serve (44 / 3.2) whatever the demand. Held by the whole
+    300 s window, then paced at 2 % a minute, that over-ask cost ours 1337.8 GPU-hours on short
+    flash against the KPA's 774.4 (which drops it a 60 s window after its panic ends). The
+    shortage's part is now held for ``shortage_hold`` (90 s); the load terms (here the demand:
+    1,000/s x 0.2 s / 3.2 = 63) carry the count after it, held by the window as before."""
+    # no scale-up step, no pace: the holds alone
+    spec = replace(SPEC, scale_up=ScaleUpPolicy(), scale_down=ScaleDownPolicy(stabilization_window=300, period=60))
+    sat = Signals(
+        queue_depth=4000, utilisation=1.0, offered_rate=1000.0, completion_rate=200.0, request_cost=0.2,
+        permits=4, ready_replicas=50, requests_in_pods=2200.0,
+    )
+    d = desired_replicas(sat, spec, 50, ScaleHistory(), 0.0)
+    assert d.replicas == 688 and d.history.entries[-1].load == 63, d.reason  # 2200 / 3.2
+    served = replace(sat, queue_depth=0, utilisation=0.07, completion_rate=1000.0, ready_replicas=688,
+                     requests_in_pods=210.0)
+    held = desired_replicas(served, spec, 688, d.history, 60.0)
+    assert held.replicas == 688, held.reason
+    carried = desired_replicas(served, spec, 688, held.history, 120.0)
+    assert carried.replicas == 66, carried.reason  # 210 in the pods / 3.2; demand 63; utilisation 61
+    # the rule before: the whole recommendation held by the window
+    before = replace(spec, shortage_hold=None)
+    assert desired_replicas(served, before, 688, held.history, 120.0).replicas == 688
+    # without load terms (no utilisation target) nothing changes: the backlog is the only measure
+    queue_only = replace(spec, target_utilisation=None)
+    q = desired_replicas(sat, queue_only, 50, ScaleHistory(), 0.0)
+    assert desired_replicas(served, queue_only, q.replicas, q.history, 120.0).replicas == q.replicas
+
+
+def test_the_pace_holds_a_surplus_through_a_lull_only_once_the_load_has_come_back() -> None:
+    """Issue 21: the pace (max(1 pod, 2 %) a minute) and the 20-minute release window keep capacity
+    through a lull, which wins the on/off trace (bursts back within 15 min) and loses flash, where
+    the crowd never returns (ours held 1,165 pods for 20 minutes after it). With load terms the
+    surplus is now released once every recommendation of max(window + period, shortage hold) is
+    below the count, unless the load has come back to a level it had left within ``recur_memory``
+    (1 h; ``ScaleHistory.returned_at``). A release window of None still turns every release off."""
+    spec = replace(SPEC, scale_down=ScaleDownPolicy(stabilization_window=300, max_pods=1, period=60,
+                                                    release_window=1200))
+    quiet = Signals(queue_depth=0, utilisation=0.8, ready_replicas=40, permits=4)  # -> 40
+    history = ScaleHistory(tuple(HistoryEntry(float(t), 40, 100, 40) for t in range(0, 400, 15)))
+    d = desired_replicas(quiet, spec, 100, history, 400.0)
+    assert d.replicas == 40 and "released to 40" in d.reason, d.reason
+    # the load came back after a lull within the memory: the pace holds, as before
+    came_back = replace(history, returned_at=0.0)
+    assert desired_replicas(quiet, spec, 100, came_back, 400.0).replicas == 99
+    assert desired_replicas(quiet, spec, 100, replace(history, returned_at=-3300.0), 400.0).replicas == 40
+    # the rule before (recur_memory None), or the release turned off: paced
+    assert desired_replicas(quiet, replace(spec, recur_memory=None), 100, history, 400.0).replicas == 99
+    off = replace(spec, scale_down=replace(spec.scale_down, release_window=None))
+    assert desired_replicas(quiet, off, 100, history, 400.0).replicas == 99
+    # the release waits for max(window + period, shortage hold) of lower recommendations
+    recent = ScaleHistory((*history.entries[:-4], *(HistoryEntry(float(t), 100, 100, 100) for t in (345, 360))))
+    assert desired_replicas(quiet, spec, 100, recent, 400.0).replicas == 100  # inside the window
+    with pytest.raises(ValueError, match="recur_memory"):
+        replace(SPEC, recur_memory=0.0)
+    with pytest.raises(ValueError, match="shortage_hold"):
+        replace(SPEC, shortage_hold=-1.0)
+
+
+def test_a_jump_back_to_a_level_the_load_had_left_is_a_return() -> None:
+    """``returned_at``: a jump of the load recommendation (25 % and 2 pods within 180 s) to a level
+    within a jump of one recorded before the lull it rose from. The on/off trace's second burst
+    is one; a flash crowd's first rise, to a level never seen, is not."""
+    peak = Signals(queue_depth=0, utilisation=0.8, ready_replicas=100)  # -> 100
+    lull = [HistoryEntry(float(t), 100, 100, 100) for t in range(0, 300, 15)]
+    lull += [HistoryEntry(float(t), 20, 100, 20) for t in range(300, 1200, 15)]
+    back = desired_replicas(peak, SPEC, 100, ScaleHistory(tuple(lull)), 1200.0)
+    assert back.history.returned_at == 1200.0 and back.history.jumped_at == 1200.0
+    fresh = ScaleHistory(tuple(HistoryEntry(float(t), 20, 20, 20) for t in range(0, 1200, 15)))
+    first = desired_replicas(peak, SPEC, 100, fresh, 1200.0)
+    assert first.history.returned_at is None and first.history.jumped_at == 1200.0

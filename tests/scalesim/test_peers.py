@@ -99,22 +99,29 @@ def test_keda_triggers_are_average_value_on_the_legacy_hpa() -> None:
 def test_a_failed_query_leaves_the_keda_peers_and_ours_where_they_are() -> None:
     pool = PodPool(MODEL, 10, np.random.default_rng(1))
     down = _prom(40, queue=500.0, in_service=40.0, query_failure=1.0)
-    assert KedaPrometheus("concurrency", 3.2, 1, 1000).decide(30, down, pool) is None
+    assert KedaPrometheus("concurrency", 3.2, 1, 1000).decide(31, down, pool) is None
     ours = OursKeda(default_spec(1000), rendered_behavior(default_spec(1000), windows_add_up=True))
-    assert ours.decide(30, down, pool) == 10
+    assert ours.decide(31, down, pool) == 10
     assert ours._history.entries[-1].recommendation == 10  # held: the policy records current
 
 
 def test_kedas_polling_loop_calls_our_scaler_between_the_hpas_syncs() -> None:
     """KEDA polls every 30 s (pollingInterval) on top of the HPA's 15 s reads; the scaler answers
-    both and records both; only the HPA's read changes the Deployment."""
+    both and records both; only the HPA's read changes the Deployment.
+
+    Ours' HPA syncs on the same simulated seconds as the peers' HPAs: ``sim.run`` calls a
+    controller with ``interval = HPA_SYNC`` as ``decide(t + 1)`` for ``t % 15 == 0``, i.e. with 1,
+    16, 31, 46, each reading the scrape of its own second. Before issue 21's fix ours synced at 15,
+    30, 45, 60 and read the scrape of 14 s earlier (``Prometheus.scrape_at(15) == 0``)."""
     pool = PodPool(MODEL, 10, np.random.default_rng(1))
     prom = _prom(200, queue=0.0, in_service=20.0, arrived=100.0, busy=20.0)
     spec = default_spec(1000)
     ours = OursKeda(spec, rendered_behavior(spec, windows_add_up=True))
     answers = {t: ours.decide(t, prom, pool) for t in range(1, 61)}
-    assert [t for t, a in answers.items() if a is not None] == [15, 30, 45, 60]
-    assert [e.at for e in ours._history.entries] == [7.0, 15.0, 30.0, 37.0, 45.0, 60.0]
+    peer_syncs = [t + 1 for t in range(60) if t % KedaPrometheus("rate", 16.0, 1, 1000).interval == 0]
+    assert [t for t, a in answers.items() if a is not None] == peer_syncs == [1, 16, 31, 46]
+    assert [prom.scrape_at(t) for t in peer_syncs] == [0, 15, 30, 45]  # the scrape of its own second
+    assert [e.at for e in ours._history.entries] == [1.0, 8.0, 16.0, 31.0, 38.0, 46.0]
 
 
 # ------------------------------------------------------------------------------------ Ray, HPA
