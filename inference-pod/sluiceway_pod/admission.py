@@ -37,6 +37,9 @@ Guarantees
   4. A batch whose head waits to fill (``max_batch_wait``) does not hold other batch keys back:
      they dispatch on the idle permits. A batch is filled in the same order as (1)-(3).
 
+  The pure parts of (1)-(3) (aged bands, the WF2Q+ pick, re-entry tags, credited cost) live in
+  :mod:`sluiceway_core.fairshare`, shared with the gateway's hold queue.
+
   Worst wait of the lowest class, one tenant: ``K*A + (ceil(Q/N) + 1) * S`` for K classes, aging
   step A, queue bound Q, N permits and a longest service time S. With several tenants the
   ``ceil(Q/N)`` term is scaled by ``sum(weights)/weight``.
@@ -51,6 +54,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+
+from sluiceway_core.fairshare import BURST_CREDIT, Head, aged_band, pick, reentry_tag, uncredited
 
 from .clock import Clock
 from .errors import (
@@ -69,12 +74,7 @@ from .tenancy import Tenant
 
 P = TypeVar("P")
 
-#: Fair-queueing credit, in requests, that a tenant re-entering after its queue ran empty gets: its
-#: start tag may lag the virtual time by up to ``(BURST_CREDIT + 1) * cost / weight`` (never more:
-#: idle time banks nothing beyond that), so the finish tags of a burst of up to ``BURST_CREDIT + 1``
-#: requests are all at or before the virtual time: a light tenant's short burst is served in
-#: arrival order instead of being interleaved with a backlogged tenant's work.
-BURST_CREDIT = 3.0
+__all__ = ["BURST_CREDIT", "AdmissionCore", "AdmissionSettings", "Answer", "Batch", "Ticket"]
 
 
 class Answer(Protocol):
@@ -268,12 +268,10 @@ class AdmissionCore(Generic[P]):
         and keeps that lag across idle periods of the core. A tenant never served yet gets credit
         only once something was dispatched since the core was last idle: tenants that arrive
         together at an idle core with no history all start at ``V``, on equal terms."""
-        if tq is not None and tq.queued > 0:
-            return tq.vfinish
         finish = tq.vfinish if tq is not None else -math.inf
         known = finish > -math.inf
-        credit = (BURST_CREDIT + 1) * cost / weight if known or self._served_since_idle else 0.0
-        return max(finish, self._vclock - credit)
+        return reentry_tag(finish, tq is not None and tq.queued > 0, self._vclock, cost, weight,
+                           known or self._served_since_idle)
 
     def answer_cost(self) -> float:
         """Time a dispatched request still needs to be answered: the service time plus a margin
@@ -489,7 +487,7 @@ class AdmissionCore(Generic[P]):
 
     # ------------------------------------------------------------------ dispatch
     def _band(self, t: Ticket[Any], now: float) -> int:
-        return t.rank - math.floor((now - t.enqueued) / self.settings.aging_seconds)
+        return aged_band(t.rank, t.enqueued, now, self.settings.aging_seconds)
 
     def _estimate(self, tq: _TenantQueue | None, rows: int) -> float:
         """Estimated device seconds of a request of ``rows`` rows of this tenant."""
@@ -530,33 +528,22 @@ class AdmissionCore(Generic[P]):
         vclock = self._vclock
         busy = self._busy_weight()
         while heads and len(out) < n:
-            # aging picks the class: the smallest aged band, the highest class on ties ...
-            cls = min((self._band(t, now), c) for (_, c), (t, _) in heads.items())[1]
-            # ... WF2Q+ picks the tenant within it: among the eligible (start tag <= virtual time),
-            # the smallest finish tag, the oldest on ties
-            cands = [key for key in heads if key[1] == cls]
-            vnow = max(vclock, min(vfinish[key[0]] for key in cands))
-            best: tuple[float, float, int] | None = None
-            best_key: tuple[str, int] | None = None
-            best_cost = 0.0
-            for key in cands:
-                start = vfinish[key[0]]
-                if start > vnow:
-                    continue
-                t = heads[key][0]
-                tq = self._tenants[key[0]]
-                cost = self._estimate(tq, t.rows)
-                order = (start + cost / tq.tenant.weight, t.enqueued, t.id)
-                if best is None or order < best:
-                    best, best_key, best_cost = order, key, cost
-            assert best is not None and best_key is not None
+            # aging picks the class, WF2Q+ the tenant within it (sluiceway_core.fairshare.pick)
+            cand_heads = []
+            for (name, c), (t, _) in heads.items():
+                tq = self._tenants[name]
+                cand_heads.append(Head(name, c, self._band(t, now), vfinish[name], self._estimate(tq, t.rows),
+                                       tq.tenant.weight, t.enqueued, t.id))
+            chosen = pick(cand_heads, vclock)
+            assert chosen is not None
+            best_key = (chosen.head.tenant, chosen.head.cls)
             t, it = heads[best_key]
             out.append(t)
             name = best_key[0]
             tq = self._tenants[name]
             start = vfinish[name]
-            vfinish[name] = best[0]
-            vclock = vnow + self._uncredited(tq, start, best_cost) / busy
+            vfinish[name] = chosen.finish
+            vclock = chosen.vnow + self._uncredited(tq, start, chosen.head.cost) / busy
             left = room[name]
             if left is not None:
                 room[name] = left - 1
@@ -578,9 +565,7 @@ class AdmissionCore(Generic[P]):
         which its tenant re-entered on burst credit. That part is served on virtual time that has
         already passed; counting it would push the virtual time ahead of every backlogged tenant,
         a little more at each re-entry, and their credit would grow without bound."""
-        w = tq.tenant.weight
-        credited = max(0.0, min(start + cost / w, tq.credit_until) - start) * w
-        return max(0.0, cost - credited)
+        return uncredited(start, cost, tq.tenant.weight, tq.credit_until)
 
     def _charge(self, t: Ticket[Any], busy: float) -> None:
         """Dispatching ``t`` (chosen by :meth:`_select`, so eligible): its tenant's tag advances by
