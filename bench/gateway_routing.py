@@ -699,8 +699,8 @@ def plot(doc: dict[str, Any], path: Path) -> Path | None:
     s = doc["settings"]
     sizes = ", ".join(f"{ms:g} ms {p * 100:.0f} %" for ms, p in s["sizes"])
     fig.suptitle(f"repetition 1: {s['pods']} pods, K={s['clients']} keep-alive clients, {s['load']:g} x capacity "
-                 f"({doc['rate']:.0f}/s), sizes {sizes}; load average at start "
-                 f"{doc['machine']['load_average_start']}", fontsize=9)
+                 f"({doc['rate']:.0f}/s), sizes {sizes}; load average {doc['machine']['load_average_start']} at "
+                 f"start, {doc.get('load_average_end', '?')} at end", fontsize=9)
     for a in axes:
         a.grid(alpha=0.3)
     fig.tight_layout()
