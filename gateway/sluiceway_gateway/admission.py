@@ -56,6 +56,7 @@ class TokenBucket:
 class EdgeTenant:
     name: str
     max_rank: int
+    weight: int
     outstanding_cap: int | None
     bucket: TokenBucket | None
     outstanding: int = 0
@@ -66,6 +67,7 @@ class Ticket:
     """An admitted request; :meth:`EdgeAdmission.release` it exactly once when answered."""
 
     tenant: EdgeTenant
+    rank: int  # its priority class (0 = highest)
 
 
 class EdgeAdmission:
@@ -102,7 +104,7 @@ class EdgeAdmission:
             if lim.rate is not None:
                 burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
                 bucket = TokenBucket(lim.rate, burst, self._clock)
-            t = self._tenants[name] = EdgeTenant(name, rank, cap, bucket)
+            t = self._tenants[name] = EdgeTenant(name, rank, lim.weight, cap, bucket)
         return t
 
     def authenticate(self, authorization: str | None) -> EdgeTenant:
@@ -137,7 +139,7 @@ class EdgeAdmission:
             if wait > 0:
                 raise RateLimited(f"tenant {tenant.name!r} is over its rate", retry_after=wait)
         tenant.outstanding += 1
-        return Ticket(tenant)
+        return Ticket(tenant, rank)
 
     @staticmethod
     def release(ticket: Ticket) -> None:

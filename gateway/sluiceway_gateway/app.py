@@ -43,8 +43,18 @@ from prometheus_client import CollectorRegistry
 from .admission import EdgeAdmission, Ticket
 from .config import GatewayConfig
 from .endpoints import Endpoint, EndpointSource
-from .errors import DeadlineExceeded, GatewayError, NoReadyPods, ShuttingDown, UpstreamLost
-from .ledger import LOAD_HEADERS, PodLoad, apply_headers, observe_latency, routable, stale
+from .errors import (
+    DeadlineExceeded,
+    GatewayError,
+    HoldExpired,
+    HoldFull,
+    HoldTenantFull,
+    NoReadyPods,
+    ShuttingDown,
+    UpstreamLost,
+)
+from .hold import Held, HoldLimits, HoldQueue, retry_after_seconds, room
+from .ledger import LOAD_HEADERS, QUEUE_FULL_LEVEL, PodLoad, apply_headers, observe_latency, routable, stale
 from .metrics import GatewayMetrics
 from .routing import choose, refusal_reason, retryable
 from .server import Request, Responder
@@ -54,6 +64,7 @@ log = logging.getLogger("sluiceway.gateway")
 
 INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
 DEADLINE_HEADER = "x-sluiceway-deadline-ms"
+PRIORITY_HEADER = "x-sluiceway-priority"
 _HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"transfer-encoding", b"upgrade",
     b"content-length", b"expect", b"host",
@@ -78,6 +89,15 @@ class Gateway:
         self.admission = (EdgeAdmission(config.tenants, config.priorities, clock)
                           if config.tenants is not None else None)
         self.closing = False
+        hc = config.hold
+        self.hold: HoldQueue | None = None
+        if hc.enabled:
+            share = hc.tenant_share if config.tenants is not None else 1.0  # one tenant without tenants
+            self.hold = HoldQueue(HoldLimits(hc.max_requests, hc.max_bytes, share,
+                                             len(config.priorities.classes), config.priorities.aging_seconds))
+        #: when each pod last said its queue is full (the hand-off probes it after ``pollAfterMs``)
+        self._full_since: dict[str, float] = {}
+        self._held_waiting = 0  # handlers awaiting a hand-off (held, or woken and not yet resumed)
         self.in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -98,7 +118,9 @@ class Gateway:
             del self.pods[key]
             del self.addresses[key]
             self.pool.forget(key)
+            self._full_since.pop(key, None)
         self._gauge_endpoints()
+        self._pump()
 
     def _gauge_endpoints(self) -> None:
         counts = {"routable": 0, "draining": 0, "not_ready": 0, "down": 0}
@@ -122,6 +144,7 @@ class Gateway:
                     self._polling.add(pod.key)
                     self._spawn(self._poll(pod))
             self._gauge_endpoints()
+            self._pump()  # a full pod's probe comes due with time
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -158,6 +181,7 @@ class Gateway:
         finally:
             self._polling.discard(pod.key)
             self.metrics.polls.labels(result).inc()
+            self._pump()
 
     # ---------------------------------------------------------------- requests
     async def handle(self, req: Request, out: Responder) -> None:
@@ -166,7 +190,8 @@ class Gateway:
             out.send(200, [(b"content-type", b"application/json")], b'{"live": true}')
             return
         if path == "/v2/health/ready":
-            ok = not self.closing and any(routable(p) for p in self.pods.values())
+            # with a hold queue the gateway takes requests while no pod is ready (it holds them)
+            ok = not self.closing and (self.hold is not None or any(routable(p) for p in self.pods.values()))
             out.send(200 if ok else 503, [(b"content-type", b"application/json")],
                      b'{"ready": true}' if ok else b'{"ready": false}')
             return
@@ -176,7 +201,7 @@ class Gateway:
                 raise ShuttingDown("the gateway is shutting down")
             if self.admission is not None and req.method == "POST" and INFER.match(path):
                 ticket = self.admission.admit(req.headers)
-            await self._forward(req, out)
+            await self._forward(req, out, ticket)
         except GatewayError as err:
             self.metrics.refused.labels(self.metrics.reason(err.reason)).inc()
             if out.started:  # the answer began: it cannot be replaced, only cut short
@@ -214,7 +239,140 @@ class Gateway:
         head = b"".join(parts)
         return head + bytes(req.body) if req.body else head
 
-    async def _forward(self, req: Request, out: Responder) -> None:
+    # ---------------------------------------------------------------- hold queue and hand-off
+    def _mark_full(self, pod: PodLoad) -> None:
+        pod.degradation = max(pod.degradation, QUEUE_FULL_LEVEL)
+        self._full_since[pod.key] = self.clock()
+
+    def _heard(self, pod: PodLoad, resp: UpstreamResponse, now: float) -> None:
+        apply_headers(pod, _str_headers(resp), now)
+        if pod.degradation < QUEUE_FULL_LEVEL:
+            self._full_since.pop(pod.key, None)
+        elif pod.key not in self._full_since:
+            self._full_since[pod.key] = now
+
+    def _choose(self, exclude: set[str]) -> PodLoad | None:
+        """The pod for a request on the direct path, or ``None``: no pod may take it now (none
+        routable; with a hold queue also: every routable pod full, or requests already held, which go
+        first)."""
+        if self.hold is not None:
+            if self.hold.count:
+                return None
+            full = {p.key for p in self.pods.values() if p.degradation >= QUEUE_FULL_LEVEL}
+            exclude = exclude | full if full else exclude
+        return choose(list(self.pods.values()), self.config.routing, self.rng, exclude)
+
+    def _reserve(self, pod: PodLoad) -> None:
+        pod.inflight += 1
+        self.in_flight += 1
+        self._idle.clear()
+        self.metrics.in_flight.inc()
+        self.metrics.pod(pod.key).in_flight.inc()
+
+    def _unreserve(self, pod: PodLoad) -> None:
+        pod.inflight -= 1
+        self.in_flight -= 1
+        if not self.in_flight:
+            self._idle.set()
+        self.metrics.in_flight.dec()
+        self.metrics.pod(pod.key).in_flight.dec()
+
+    def _hold_gauges(self) -> None:
+        if self.hold is not None:
+            self.metrics.held.set(self.hold.count)
+            self.metrics.held_bytes.set(self.hold.nbytes)
+
+    def _pump(self) -> None:
+        """Hand held requests to pods with room (:func:`~sluiceway_gateway.hold.room`), in the hold
+        queue's order, each reserved on its pod before its handler resumes; the rest stay held."""
+        hold = self.hold
+        if hold is None or not hold.count:
+            return
+        now = self.clock()
+        probe_after = self.config.poll_after_ms / 1000.0
+        extra = self.config.hold.handoff_queue_per_pod
+        rooms = {p.key: room(p, extra, now, probe_after, self._full_since.get(p.key)) for p in self.pods.values()}
+        while hold.count:
+            key = max(rooms, key=lambda k: rooms[k], default=None)  # the most room first: spread
+            if key is None or rooms[key] <= 0:
+                break
+            h = hold.pop(now)
+            if h is None:
+                break
+            if h.waiter.done():  # its handler was cancelled and has not withdrawn it yet
+                continue
+            rooms[key] -= 1
+            pod = self.pods[key]
+            self._reserve(pod)
+            self.metrics.hold_seconds.labels("handed_off").observe(max(0.0, now - h.enqueued))
+            h.waiter.set_result(key)
+        self._hold_gauges()
+
+    def _expire_held(self, h: Held) -> None:
+        if self.hold is not None and not h.waiter.done() and self.hold.remove(h):
+            waited = self.clock() - h.enqueued
+            self.metrics.hold_seconds.labels("expired").observe(max(0.0, waited))
+            self._hold_gauges()
+            h.waiter.set_exception(HoldExpired(
+                f"no pod could take the request within its deadline (held {waited:.3f}s)"))
+
+    def _hold_identity(self, req: Request, ticket: Ticket | None) -> tuple[str, int, int]:
+        if ticket is not None:
+            return ticket.tenant.name, ticket.tenant.weight, ticket.rank
+        pri = self.config.priorities
+        raw = (req.headers.get(PRIORITY_HEADER) or pri.default).strip().lower()
+        classes = list(pri.classes)
+        return "", 1, classes.index(raw) if raw in classes else classes.index(pri.default)
+
+    async def _held(self, req: Request, ticket: Ticket | None, deadline: float) -> PodLoad:
+        """Hold the request until a pod has room for it (returns that pod, already reserved) or raise:
+        the bound is full (at once, with ``Retry-After``), its deadline passed while held, or the
+        gateway shut down before a pod could take it."""
+        hold = self.hold
+        assert hold is not None
+        now = self.clock()
+        if deadline <= now:
+            raise DeadlineExceeded("the request's deadline passed at the gateway")
+        tenant, weight, rank = self._hold_identity(req, ticket)
+        nbytes = len(req.body) + sum(len(k) + len(v) + 4 for k, v in req.raw_headers) + len(req.path) + 16
+        extra = self.config.hold.handoff_queue_per_pod
+        try:
+            h = hold.offer(tenant, weight, rank, nbytes, deadline, now,
+                           retry_after_seconds(hold.count, self.pods.values(), extra,
+                                               self.config.hold.retry_after_seconds))
+        except (HoldFull, HoldTenantFull) as err:
+            self.metrics.hold_refused.labels(err.bound).inc()
+            raise
+        loop = asyncio.get_running_loop()
+        h.waiter = fut = loop.create_future()
+        timer = loop.call_later(max(0.0, deadline - now), self._expire_held, h)
+        self._held_waiting += 1
+        self._hold_gauges()
+        self._pump()  # a pod may have room already (requests held ahead of this one go first)
+        try:
+            key: str = await fut
+        except asyncio.CancelledError:
+            if hold.remove(h):
+                self.metrics.hold_seconds.labels("cancelled").observe(max(0.0, self.clock() - h.enqueued))
+                self._hold_gauges()
+            elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result() in self.pods:
+                self._unreserve(self.pods[fut.result()])
+                self._pump()
+            raise
+        finally:
+            timer.cancel()
+            self._held_waiting -= 1
+        pod = self.pods.get(key)
+        if pod is None:  # removed by discovery between the hand-off and now: its reservation went with it
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+            self.metrics.in_flight.dec()
+            self.metrics.pod(key).in_flight.dec()
+            return await self._held(req, ticket, deadline)
+        return pod
+
+    async def _forward(self, req: Request, out: Responder, ticket: Ticket | None = None) -> None:
         deadline = self._deadline(req)
         exclude: set[str] = set()
         refused_once = False
@@ -222,17 +380,17 @@ class Gateway:
         m = self.metrics
         while True:
             t0 = time.perf_counter()
-            pod = choose(list(self.pods.values()), self.config.routing, self.rng, exclude)
+            pod = self._choose(exclude)
             m.decision.observe(time.perf_counter() - t0)
             if pod is None:
-                raise NoReadyPods("no pod is ready to take the request")
+                if self.hold is None or self.closing:
+                    raise NoReadyPods("no pod is ready to take the request")
+                pod = await self._held(req, ticket, deadline)  # reserved on its pod by the hand-off
+                exclude.clear()
+            else:
+                self._reserve(pod)
             ep = self.addresses[pod.key]
             series = m.pod(pod.key)
-            pod.inflight += 1
-            self.in_flight += 1
-            self._idle.clear()
-            m.in_flight.inc()
-            series.in_flight.inc()
             series.routed.inc()
             conn: UpstreamConn | None = None
             started = self.clock()
@@ -250,7 +408,8 @@ class Gateway:
                     self.pool.forget(pod.key)
                     exclude.add(pod.key)
                     connect_tries += 1
-                    if connect_tries >= MAX_CONNECT_TRIES or self.clock() >= deadline:
+                    # with a hold queue the request waits for a pod that answers (the poll revives it)
+                    if (self.hold is None and connect_tries >= MAX_CONNECT_TRIES) or self.clock() >= deadline:
                         raise NoReadyPods("no pod could be reached") from None
                     m.retries.labels("connect_failed").inc()
                     continue
@@ -261,17 +420,24 @@ class Gateway:
                     pod.heard_at = self.clock()
                     raise
                 now = self.clock()
-                apply_headers(pod, _str_headers(resp), now)
+                self._heard(pod, resp, now)
                 if resp.status in (429, 503):
                     body = await self._read_body(resp, deadline)
                     reason = refusal_reason(body)
                     if reason == "draining":
                         pod.draining = True
-                    if retryable(resp.status, reason) and not refused_once and now < deadline:
-                        refused_once = True
-                        exclude.add(pod.key)
-                        m.retries.labels(m.reason(reason or "other")).inc()
-                        continue
+                    elif reason in ("queue_full", "displaced"):
+                        self._mark_full(pod)
+                    if retryable(resp.status, reason) and now < deadline:
+                        if not refused_once:
+                            refused_once = True
+                            exclude.add(pod.key)
+                            m.retries.labels(m.reason(reason or "other")).inc()
+                            continue
+                        if self.hold is not None and not self.closing and pod.key in self._full_since:
+                            # refused again for a full queue, before any work: the pod is now out of
+                            # the direct path (full), so the request is held until a pod has room
+                            continue
                     if out.head_only:
                         out.start(resp.status, _back_headers(resp), 0)
                     else:
@@ -281,14 +447,10 @@ class Gateway:
                 await self._stream(resp, out, deadline)
                 return
             finally:
-                pod.inflight -= 1
-                self.in_flight -= 1
-                if not self.in_flight:
-                    self._idle.set()
-                m.in_flight.dec()
-                series.in_flight.dec()
+                self._unreserve(pod)
                 if conn is not None:
                     self.pool.release(conn)
+                self._pump()
 
     async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float) -> UpstreamResponse:
         head = conn.send(self._request_bytes(req, ep.key, deadline), head_request=req.method == "HEAD")
@@ -336,9 +498,30 @@ class Gateway:
         out.end()
 
     async def drain(self, seconds: float) -> None:
+        """Shutdown: no new request; what is held is still handed to pods with room and what is in
+        flight finishes, within ``seconds``; then each request still held is answered 503
+        ``gateway_draining`` (exactly once: it leaves the hold queue before its answer is set)."""
         self.closing = True
+        end = self.clock() + seconds
+        while (self.in_flight or (self.hold is not None and self.hold.count)) and self.clock() < end:
+            self._pump()
+            await asyncio.sleep(0.01)
+        if self.hold is not None:
+            now = self.clock()
+            for h in self.hold.all_held():
+                if not h.waiter.done() and self.hold.remove(h):
+                    self.metrics.hold_seconds.labels("shutdown").observe(max(0.0, now - h.enqueued))
+                    h.waiter.set_exception(ShuttingDown(
+                        "the gateway shut down before a pod could take the request"))
+            self._hold_gauges()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), seconds)
+            await asyncio.wait_for(self._idle.wait(), max(0.0, end - self.clock()))
+        # let the handlers of the requests just answered write their answers
+        for _ in range(100):
+            if not self._held_waiting:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
 
 
 async def _until(fut: asyncio.Future[UpstreamResponse], seconds: float) -> UpstreamResponse:

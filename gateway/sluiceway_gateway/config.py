@@ -45,6 +45,23 @@ class LimitsConfig(_Model):
     max_response_buffer_bytes: int = Field(default=1024 * 1024, ge=4096, description="refusal bodies read whole")
 
 
+class HoldConfig(_Model):
+    """The hold queue (docs/gateway.md): requests kept while no ready pod can take them."""
+
+    max_requests: int = Field(default=1024, ge=0, le=1_000_000, description="held requests; 0 turns holding off")
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=0, description="held request bytes (head + body)")
+    tenant_share: float = Field(default=0.5, gt=0, le=1.0,
+                                description="of each bound one tenant may hold (with tenants configured)")
+    handoff_queue_per_pod: int = Field(default=1, ge=0, le=10_000,
+                                       description="hand-off in flight per pod beyond its permits")
+    retry_after_seconds: float = Field(default=5.0, gt=0, le=3600,
+                                       description="Retry-After of a refusal while no pod is ready")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_requests > 0 and self.max_bytes > 0
+
+
 class KubeWatchConfig(_Model):
     """EndpointSlices of one Service through the API server."""
 
@@ -60,6 +77,7 @@ class KubeWatchConfig(_Model):
 class GatewayConfig(_Model):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    hold: HoldConfig = Field(default_factory=HoldConfig)
     routing: Routing = "leastWait"
     #: ``host:port`` of each pod (tests, benchmarks); exclusive with ``watch``
     endpoints: list[str] = Field(default_factory=list)

@@ -86,6 +86,31 @@ class ShuttingDown(GatewayError):
     reason = "gateway_draining"
 
 
+class _HoldBound(GatewayError):
+    def __init__(self, message: str, *, retry_after: float | None = None, bound: str = "full") -> None:
+        super().__init__(message, retry_after=retry_after)
+        #: which bound refused it (the ``reason`` label of ``sluiceway_gateway_hold_refused_total``)
+        self.bound = bound
+
+
+class HoldFull(_HoldBound):
+    """No pod can take the request and the hold queue is at its count or byte bound."""
+
+    reason = "hold_full"
+
+
+class HoldTenantFull(_HoldBound):
+    """The tenant already holds its share of the hold queue."""
+
+    reason = "hold_tenant_full"
+
+
+class HoldExpired(GatewayError):
+    """The request's deadline passed while it was held (no pod could take it in time)."""
+
+    reason = "hold_timeout"
+
+
 _HTTP: dict[type[GatewayError], int] = {
     BadRequest: 400,
     Unauthenticated: 401,
@@ -101,6 +126,9 @@ _HTTP: dict[type[GatewayError], int] = {
     UpstreamLost: 502,
     DeadlineExceeded: 504,
     ShuttingDown: 503,
+    HoldFull: 503,
+    HoldTenantFull: 429,
+    HoldExpired: 504,
 }
 
 

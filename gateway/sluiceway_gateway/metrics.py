@@ -17,8 +17,11 @@ KNOWN_REASONS = frozenset({
     "invalid_input", "unauthenticated", "priority_forbidden", "not_found", "body_timeout", "payload_too_large",
     "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
     "upstream_lost", "deadline", "gateway_draining", "header_timeout", "slow_reader", "internal",
-    "queue_full", "displaced", "not_ready", "draining", "connect_failed",
+    "queue_full", "displaced", "not_ready", "draining", "connect_failed", "hold_full", "hold_tenant_full",
+    "hold_timeout",
 })
+HOLD_BOUNDS = frozenset({"full", "bytes_full", "tenant_full", "tenant_bytes_full"})
+HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,20 @@ class GatewayMetrics:
         self.endpoints = Gauge("sluiceway_gateway_endpoints", "Known pods by state", ["state"], registry=registry)
         self.polls = Counter("sluiceway_gateway_polls_total", "Readiness polls of quiet pods", ["result"],
                              registry=registry)
+        self.held = Gauge("sluiceway_gateway_held_requests", "Requests in the hold queue", registry=registry)
+        self.held_bytes = Gauge("sluiceway_gateway_held_bytes", "Bytes of the requests in the hold queue",
+                                registry=registry)
+        self.hold_seconds = Histogram("sluiceway_gateway_hold_seconds", "Time a request spent held, by outcome",
+                                      ["outcome"],
+                                      buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+                                      registry=registry)
+        self.hold_refused = Counter("sluiceway_gateway_hold_refused_total",
+                                    "Requests refused at the hold queue's bounds, by bound", ["reason"],
+                                    registry=registry)
+        for outcome in HOLD_OUTCOMES:
+            self.hold_seconds.labels(outcome)
+        for bound in sorted(HOLD_BOUNDS):
+            self.hold_refused.labels(bound)
         self._pods: dict[str, PodSeries] = {}
         self._codes: dict[int, Any] = {}
 

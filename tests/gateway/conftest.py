@@ -14,8 +14,8 @@ from gwtools import GatewayProcess, start_gateway
 def gateway_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[GatewayProcess] = []
 
-    def make(config: dict[str, Any]) -> GatewayProcess:
-        gw = start_gateway(tmp_path, config)
+    def make(config: dict[str, Any], args: tuple[str, ...] = ()) -> GatewayProcess:
+        gw = start_gateway(tmp_path, config, args=args)
         started.append(gw)
         return gw
 

@@ -55,7 +55,7 @@ class GatewayProcess:
             return self.proc.wait()
 
 
-def start_gateway(tmp: Path, config: dict[str, Any], timeout: float = 30) -> GatewayProcess:
+def start_gateway(tmp: Path, config: dict[str, Any], timeout: float = 30, args: tuple[str, ...] = ()) -> GatewayProcess:
     port, mport = free_port(), free_port()
     cfg = {**config, "listen": {"host": "127.0.0.1", "port": port, "metricsPort": mport}}
     path = tmp / f"gateway-{port}.yaml"
@@ -63,7 +63,7 @@ def start_gateway(tmp: Path, config: dict[str, Any], timeout: float = 30) -> Gat
     log = tmp / f"gateway-{port}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "sluiceway_gateway.cli", "serve", "--config", str(path)],
+        proc = subprocess.Popen([sys.executable, "-m", "sluiceway_gateway.cli", "serve", "--config", str(path), *args],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=tmp)
     gw = GatewayProcess(proc, port, mport, log)
     deadline = time.monotonic() + timeout

@@ -102,7 +102,8 @@ def test_gateway_discovers_a_real_pod(api: dict[str, Any], pod_factory: Any, gat
     assert r.status_code == 201, r.text
     gw = gateway_factory({"watch": {"namespace": NS, "service": "svc-p", "portName": "http",
                                     "apiServer": api["server"], "tokenFile": api["token"],
-                                    "insecureSkipTlsVerify": True}})
+                                    "insecureSkipTlsVerify": True},
+                          "hold": {"maxRequests": 0}})  # no hold queue: no ready pod is a 503 at once
     body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
     r = httpx.post(gw.infer_url(), json=body, timeout=10)
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0, 2.0]
