@@ -219,3 +219,24 @@ def test_shutdown_drains_held_requests_to_a_pod_that_comes_within_the_grace(
     clients.join(90)
     assert gw.proc.wait(30) == 0
     assert Counter(s for _, _, s, _, _ in clients.results) == Counter({200: 3}), clients.results
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["hold", "no-hold"])
+def test_every_pod_full_requests_are_held_not_refused(pod_factory: Any, gateway_factory: Any, hold: bool) -> None:
+    """One pod, 1 permit and a queue of 1, and 8 requests at once: the pod refuses what does not fit
+    (429 ``queue_full``); the gateway holds those and hands them back as the pod's answers show room,
+    so every request is answered 200. Without the hold queue (``maxRequests: 0``, the gateway of
+    issue 19) the same load gets refusals: the test sees the difference."""
+    pod = pod_factory("--model", "synthetic:150", "--concurrency", "1", "--max-queue", "1")
+    gw = gateway_factory({"endpoints": [f"127.0.0.1:{pod.port}"], "hold": {"maxRequests": 1024 if hold else 0}})
+    clients = Clients(gw)
+    clients.send(8, 30_000)
+    clients.join(60)
+    codes = Counter((s, r) for _, _, s, r, _ in clients.results)
+    print("hold" if hold else "no hold", "answers:", dict(codes), "pod queue_full refusals:",
+          pod.metric("sluiceway_rejected_total", reason="queue_full"))
+    if hold:
+        assert codes == Counter({(200, ""): 8}), codes
+        assert gw.metric("sluiceway_gateway_hold_seconds_count", outcome="handed_off") >= 1
+    else:
+        assert codes[(200, "")] < 8, codes
