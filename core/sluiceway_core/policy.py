@@ -40,7 +40,12 @@ The rule, in order:
    does: a count raised by a shortage (backlog, wait, requests in the pods) is not given back the
    moment the queue drains into the pods that serve while the new ones still start (issue 21: a
    policy that remembered the load terms only dropped 4 -> 2 in the sandbox e2e, killing starting
-   pods, and let a raised count go 1 s into a 10 s window).
+   pods, and let a raised count go 1 s into a 10 s window). With load terms (a utilisation
+   target), the part of a recorded recommendation above its load terms is held for
+   ``shortage_hold`` (90 s: a rate window, a scrape and a sync) only; after that the window holds
+   the load terms' part (``HistoryEntry.load``). A shortage over-asks (saturated pods hold full
+   queues, 13.75x the pods that serve), which brings the fastest-starting pods early; once the load
+   terms have measured the load for a rate window they say what it needs.
 
    Burst headroom: when the load terms' recommendation (utilisation, demand, prediction; recorded
    apart as ``HistoryEntry.load``) is ``burst_rise`` (25 %, and 2 pods) above the lowest of the
@@ -55,7 +60,7 @@ The rule, in order:
    this the fleet overshoots to ``max_replicas`` when pods take minutes to start). The measured
    load (the demand and requests-in-pods terms) is exempt: a flash crowd gets what it needs at once.
 4. **Slow down.** Below ``current`` the answer is the highest recommendation seen within the last
-   ``stabilization_window`` seconds (HPA semantics), and it may not drop more than
+   ``stabilization_window`` seconds (HPA semantics; as held by step 2), and it may not drop more than
    ``max(max_pods, max_percent %)`` below the highest replica count decided within the last
    ``period`` seconds.
 5. **Release.** When every recommendation of the last ``release_window`` seconds (default 20 min)
@@ -63,7 +68,12 @@ The rule, in order:
    surplus that outlasted the window (the tail of a flash crowd) goes at once, while a lull shorter
    than it (between bursts) keeps its capacity. Held decisions record ``current``, so an outage
    postpones the release by a full window; a history shorter than the window (a restarted scaler)
-   never releases.
+   never releases. With load terms, the release window holds only while the load has come back:
+   when the load terms jump back to a level within a jump of one they had before the lull they
+   rose from (``ScaleHistory.returned_at``), for ``recur_memory`` (1 h); otherwise it is
+   ``max(stabilization_window + period, shortage_hold)``, so a surplus the load never asks for
+   again (a flash crowd's) goes once the window has passed it. ``release_window=None`` still turns
+   every release off; the window and the pace stay what the spec says.
 """
 
 from __future__ import annotations
