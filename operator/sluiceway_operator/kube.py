@@ -35,6 +35,8 @@ from kubernetes.client.exceptions import ApiException
 from . import FIELD_MANAGER, GROUP, KIND, VERSION
 
 __all__ = [
+    "MODEL_CREDENTIALS_LABEL",
+    "MODEL_CREDENTIALS_REASON",
     "REPLICAS_MANAGER",
     "TENANT_KEY_LABEL",
     "TENANT_KEY_REASON",
@@ -102,6 +104,10 @@ def _owns_replicas(obj: Mapping[str, Any], manager: str) -> bool:
 TENANT_KEY_LABEL = "sluiceway.io/tenant-key"
 #: The one condition reason for any unusable ``keySecretRef``.
 TENANT_KEY_REASON = "TenantKeyUnavailable"
+#: The opt-in label a Secret needs before ``model.s3.credentialsSecret`` may name it.
+MODEL_CREDENTIALS_LABEL = "sluiceway.io/model-credentials"
+#: The one condition reason for an unusable ``model.s3.credentialsSecret``.
+MODEL_CREDENTIALS_REASON = "ModelCredentialsUnavailable"
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,28 @@ class Kube:
         except (ValueError, UnicodeDecodeError):
             return problem
         return value or problem
+
+    def check_model_credentials(self, namespace: str, name: str, keys: tuple[str, ...]) -> SecretProblem | None:
+        """None if ``name`` is a Secret labelled ``sluiceway.io/model-credentials: "true"`` holding
+        every key in ``keys``, else one generic problem (the same message whatever is wrong, so a
+        status never tells which Secrets exist). The values are never read into memory here."""
+        problem = SecretProblem(
+            MODEL_CREDENTIALS_REASON,
+            f"model.s3.credentialsSecret {name} cannot be used: it must name a Secret of this namespace labelled "
+            f'{MODEL_CREDENTIALS_LABEL}: "true" that holds the keys {", ".join(keys)}',
+        )
+        obj = self.get("v1", "Secret", namespace, name)
+        if obj is None or ((obj.get("metadata") or {}).get("labels") or {}).get(MODEL_CREDENTIALS_LABEL) != "true":
+            return problem
+        data = obj.get("data") or {}
+        return None if all(data.get(k) for k in keys) else problem
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods matching ``selector`` (``list pods`` in the namespace)."""
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
+        answer = self._call("GET", f"/api/v1/namespaces/{namespace}/pods", query=query) or {}
+        items: list[dict[str, Any]] = answer.get("items") or []
+        return items
 
     def crd_exists(self, name: str) -> bool:
         """Whether a CRD is installed (cached for ``crd_cache_seconds``)."""

@@ -62,6 +62,7 @@ from .prom import PrometheusError, query_scalar, query_vector
 from .render import (
     KEYS_FILE,
     RBAC_API,
+    S3_CREDENTIAL_KEYS,
     Environment,
     Owner,
     build_replicas,
@@ -69,6 +70,7 @@ from .render import (
     endpoint_url,
     has_shared_quota,
     render,
+    selector_labels,
 )
 from .settings import OperatorConfig
 from .spec import InferenceServiceSpec, SpecError, parse_spec
@@ -121,6 +123,8 @@ class ApplyOutcome:
     quota_scope: str | None = None
     #: Whether ``spec.gateway.enabled``: ``status.endpoint`` is then the gateway's Service.
     gateway: bool = False
+    #: Whether a storage initializer fetches the model: ``ModelFetched`` is then reported.
+    model_fetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,17 @@ class ObjectState:
     series_missing_since: float | None = None
     #: MetricsAvailable's status ("True"/"False") last posted as an Event.
     metrics_posted: str | None = None
+
+
+def controlled_pod(pod: Mapping[str, Any], deployment: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` belongs to ``deployment``: its ReplicaSet's name is the Deployment's name
+    and a hash (the labels alone could be copied by anyone who creates pods)."""
+    dep = deployment["metadata"]["name"]
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        r.get("kind") == "ReplicaSet" and r.get("controller") and str(r.get("name", "")).startswith(f"{dep}-")
+        for r in refs
+    )
 
 
 def _now() -> str:
@@ -245,6 +260,7 @@ class Reconciler:
                 default_quota=TenantQuota("", spec.access.defaults.rate, spec.access.defaults.max_concurrent),
                 quota_scope="service" if shared else "pod",
                 gateway=spec.gateway.enabled,
+                model_fetch=spec.model.fetched,
             )
 
         previous_hash = st.applied.config_hash if st.applied else (body.get("status") or {}).get("configHash")
@@ -262,6 +278,11 @@ class Reconciler:
         hashes = self._key_hashes(namespace, spec, salt)
         if isinstance(hashes, list):
             return outcome(spec, (hashes[0].reason, "; ".join(p.message for p in hashes)), previous_hash)
+        s3 = spec.model.s3
+        if s3 is not None and s3.credentials_secret is not None:
+            problem = self.kube.check_model_credentials(namespace, s3.credentials_secret, S3_CREDENTIAL_KEYS)
+            if problem is not None:
+                return outcome(spec, (problem.reason, problem.message), previous_hash)
         env = Environment(
             scaler_address=self.config.scaler_address,
             prometheus_url=self.config.prometheus_url,
@@ -535,6 +556,11 @@ class Reconciler:
             scaled_object = self.kube.get("keda.sh/v1alpha1", "ScaledObject", namespace, name)
             if scaled_object is not None and not controlled_by(scaled_object, uid):
                 scaled_object = None
+        pods: list[dict[str, Any]] = []
+        if applied.model_fetch and deployment is not None:
+            pods = [
+                p for p in self.kube.list_pods(namespace, selector_labels(name)) if controlled_pod(p, deployment)
+            ]
         sig = st.signals
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
         if sig is None or sig.series_found is None:
@@ -569,6 +595,8 @@ class Reconciler:
             tenant_admitted=sig.tenant_admitted if sig else None,
             series_found=sig.series_found if sig else None,
             series_missing_seconds=missing,
+            model_fetch=applied.model_fetch,
+            pods=pods,
         )
         previous = (st.status or body.get("status") or {}).get("conditions")
         status = compute_status(observed, previous, _now())

@@ -75,6 +75,7 @@ __all__ = [
     "build_scaled_object",
     "build_service",
     "build_service_monitor",
+    "build_storage_initializer",
     "build_tensor",
     "clamp_replicas",
     "config_hash",
@@ -82,6 +83,7 @@ __all__ = [
     "gateway_name",
     "has_shared_quota",
     "keys_text",
+    "model_spec",
     "pod_labels",
     "quota_token",
     "render",
@@ -361,7 +363,7 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         },
     }
     raw_model: dict[str, Any] = {
-        "spec": m.source,
+        "spec": model_spec(spec),
         "name": m.name or owner.name,
         "version": m.version,
         "warmup_iterations": m.warmup_iterations,
@@ -432,6 +434,106 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         return build_config(raw)
     except ConfigError as err:
         raise SpecError(f"the pod config is invalid: {err}") from None
+
+
+#: Where an s3/http(s) model is fetched to (an emptyDir) and a pvc:// claim is mounted.
+MODEL_STORE_DIR = "/mnt/models"
+#: The storage initializer's init container (its terminated state feeds ``ModelFetched``).
+STORAGE_INITIALIZER = "storage-initializer"
+TERMINATION_LOG = "/dev/termination-log"
+#: The Secret keys a ``model.s3.credentialsSecret`` holds (what ``sluiceway-pod fetch`` reads).
+S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+S3_SESSION_TOKEN_KEY = "AWS_SESSION_TOKEN"
+
+
+def _pvc_uri(uri: str) -> tuple[str, str]:
+    """``pvc://claim/some/path`` -> (``claim``, ``some/path``)."""
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return claim, path.rstrip("/")
+
+
+def model_spec(spec: InferenceServiceSpec) -> str:
+    """The pod config's ``model.spec``: the short form as written; a ``pvc://`` path under the
+    claim's mount; an s3/http(s) model is the fetched directory (the pod loads the one model file
+    in it). With format safetensors the weights file goes after ``module:factory@``."""
+    m = spec.model
+    if m.source is not None:
+        return m.source
+    assert m.storage_uri is not None
+    if m.scheme == "pvc":
+        path = _pvc_uri(m.storage_uri)[1]
+        location = f"{MODEL_STORE_DIR}/{path}" if path else MODEL_STORE_DIR
+    else:
+        location = MODEL_STORE_DIR
+    if m.format == "safetensors":
+        name = m.storage_uri.rstrip("/").rsplit("/", 1)[-1]
+        file = location if m.scheme == "pvc" else f"{MODEL_STORE_DIR}/{name}"
+        return f"{m.factory}@{file}"
+    return location
+
+
+def build_storage_initializer(spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    """The init container that fetches an s3/http(s) model into the model store (``sluiceway-pod
+    fetch``, the pod's own image), or None. Credentials reach it only as ``secretKeyRef``
+    environment variables (never in an argument, the ConfigMap or the status); its failure line goes
+    to the termination log, which the operator reports as ``ModelFetched=False``."""
+    m = spec.model
+    if not m.fetched:
+        return None
+    assert m.storage_uri is not None
+    command = [
+        "sluiceway-pod",
+        "fetch",
+        "--uri",
+        m.storage_uri,
+        "--dest",
+        MODEL_STORE_DIR,
+        "--max-bytes",
+        str(int(parse_quantity(m.storage_size_limit))),
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
+    if m.sha256 is not None:
+        command += ["--sha256", m.sha256]
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
+    if m.s3 is not None:
+        if m.s3.endpoint is not None:
+            command += ["--endpoint", m.s3.endpoint]
+        if m.s3.region is not None:
+            command += ["--region", m.s3.region]
+        command += ["--addressing", "path" if m.s3.path_style else "virtual"]
+        if m.s3.credentials_secret is not None:
+            for key in S3_CREDENTIAL_KEYS:
+                env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": m.s3.credentials_secret, "key": key}}})
+            env.append(
+                {
+                    "name": S3_SESSION_TOKEN_KEY,
+                    "valueFrom": {
+                        "secretKeyRef": {"name": m.s3.credentials_secret, "key": S3_SESSION_TOKEN_KEY, "optional": True}
+                    },
+                }
+            )
+    r = spec.resources
+    return {
+        "name": STORAGE_INITIALIZER,
+        "image": m.image,
+        "imagePullPolicy": m.image_pull_policy,
+        "command": command,
+        "env": env,
+        "resources": {
+            "requests": {"cpu": str(r.cpu), "memory": str(r.memory)},
+            "limits": {"memory": str(r.memory)},
+        },
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "model-store", "mountPath": MODEL_STORE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
 
 
 def build_server_observability(spec: InferenceServiceSpec, env: Environment | None) -> dict[str, Any]:
@@ -547,6 +649,15 @@ def build_deployment(
     if pvc is not None:
         mounts.append({"name": "model", "mountPath": pvc.mount_path, "readOnly": True})
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
+    if spec.model.scheme == "pvc":
+        assert spec.model.storage_uri is not None
+        claim = _pvc_uri(spec.model.storage_uri)[0]
+        mounts.append({"name": "model", "mountPath": MODEL_STORE_DIR, "readOnly": True})
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    initializer = build_storage_initializer(spec)
+    if initializer is not None:
+        mounts.append({"name": "model-store", "mountPath": MODEL_STORE_DIR, "readOnly": True})
+        volumes.append({"name": "model-store", "emptyDir": {"sizeLimit": str(spec.model.storage_size_limit)}})
     container: dict[str, Any] = {
         "name": "sluiceway-pod",
         "image": spec.model.image,
@@ -575,6 +686,7 @@ def build_deployment(
         "volumeMounts": mounts,
     }
     pod_spec: dict[str, Any] = {
+        **({"initContainers": [initializer]} if initializer is not None else {}),
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),

@@ -170,11 +170,51 @@ def _unique_names(kind: str) -> Any:
     return AfterValidator(check)
 
 
+#: ``model.storageUri`` (the CRD's pattern): ``pvc://<claim>/<path>``, ``s3://<bucket>/<key or
+#: prefix/>``, ``http(s)://<host>/<path>``; never user info or a query string (credentials).
+STORAGE_URI = re.compile(
+    r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*(/[^/\s?#]+)*/?"
+    r"|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s?#]*)?"
+    r"|https?://[^\s/?#@]+(/[^\s?#]*)?"
+)
+_FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+#: The pod's safetensors form, ``module:factory@/path/model.safetensors``.
+_SAFETENSORS_SOURCE = re.compile(rf"{_FACTORY.pattern}@/.+\.safetensors")
+#: Files the pod loads from a path (sluiceway_pod.formats); the formats that name a path.
+PATH_FORMATS = ("torchscript", "pt2", "onnx")
+
+
+def _storage_uri(v: str) -> str:
+    if len(v) > 2048 or not STORAGE_URI.fullmatch(v):
+        raise ValueError(
+            f"{v!r} is not a storageUri: pvc://<claim>/<path>, s3://<bucket>/<key or prefix/> or "
+            "http(s)://<host>/<path>, without user info or query string (credentials go in model.s3.credentialsSecret)"
+        )
+    if re.search(r"(^|/)\.\.?(/|$)", v.split("://", 1)[1]):
+        raise ValueError(f"storageUri {v!r} must not contain '.' or '..' path segments")
+    return v
+
+
+class S3Spec(_Model):
+    """``model.s3``: the S3-compatible store of an ``s3://`` storageUri."""
+
+    endpoint: str | None = Field(default=None, max_length=2048, pattern=r"^https?://[^\s/?#@]+/?$")
+    region: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9-]+$")
+    path_style: bool = True
+    credentials_secret: SubdomainName | None = None
+
+
 class ModelSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    format: Literal["torchscript", "python", "synthetic", "demo"] = "torchscript"
-    source: str = Field(min_length=1)
+    format: Literal["torchscript", "pt2", "onnx", "safetensors", "python", "synthetic", "demo"] = "torchscript"
+    #: The short form (exclusive with ``storage_uri``).
+    source: str | None = Field(default=None, min_length=1, max_length=1024)
+    storage_uri: Annotated[str, AfterValidator(_storage_uri)] | None = None
+    s3: S3Spec | None = None
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    storage_size_limit: Quantity = "10Gi"
+    factory: str | None = Field(default=None, max_length=256, pattern=rf"^{_FACTORY.pattern}$")
     name: str | None = None
     version: str = "1"
     warmup_iterations: int = Field(default=3, ge=1, le=1000)
@@ -185,19 +225,73 @@ class ModelSpec(_Model):
 
     @model_validator(mode="after")
     def _format_matches_source(self) -> ModelSpec:
-        ok = {
-            "synthetic": SYNTHETIC_SPEC.fullmatch(self.source),
-            "demo": self.source == "demo",
-            "python": PYTHON_SPEC.fullmatch(self.source),
-            "torchscript": self.source.startswith("/"),
-        }[self.format]
-        if not ok:
-            raise ValueError(f"model.source {self.source!r} does not match format {self.format}")
+        """The CRD's CEL rules on ``model``, in the same order."""
+        if (self.source is None) == (self.storage_uri is None):
+            raise ValueError("set exactly one of model.source (the short form) and model.storageUri")
+        if self.source is not None:
+            src = self.source
+            ok = {
+                "synthetic": bool(SYNTHETIC_SPEC.fullmatch(src)),
+                "demo": src == "demo",
+                "python": bool(PYTHON_SPEC.fullmatch(src)),
+                "safetensors": bool(_SAFETENSORS_SOURCE.fullmatch(src)),
+            }.get(self.format, src.startswith("/"))
+            if not ok:
+                raise ValueError(f"model.source {src!r} does not match format {self.format}")
+        elif self.format in ("synthetic", "demo", "python"):
+            raise ValueError(f"format {self.format} needs model.source, not a storageUri")
+        if (
+            self.format == "safetensors"
+            and self.storage_uri is not None
+            and (self.factory is None or not self.storage_uri.endswith(".safetensors"))
+        ):
+            raise ValueError(
+                "format safetensors with a storageUri needs model.factory and a storageUri naming the .safetensors file"
+            )
+        if self.factory is not None and self.format != "safetensors":
+            raise ValueError("model.factory is only used with format safetensors")
+        if self.storage_uri is not None and self.persistent_volume_claim is not None:
+            raise ValueError(
+                "model.storageUri and model.persistentVolumeClaim exclude each other (pvc://claim/path is the "
+                "storageUri form)"
+            )
+        if self.s3 is not None and not (self.storage_uri or "").startswith("s3://"):
+            raise ValueError("model.s3 is only used with an s3:// storageUri")
+        if self.sha256 is not None and (self.storage_uri is None or self.storage_uri.startswith("pvc://")):
+            raise ValueError("model.sha256 is only used with an s3:// or http(s):// storageUri")
+        try:
+            if parse_quantity(self.storage_size_limit) <= 0:
+                raise ValueError("model.storageSizeLimit must be positive")
+        except UnitError as err:
+            raise ValueError(f"model.storageSizeLimit: {err}") from None
         return self
+
+    @property
+    def scheme(self) -> str | None:
+        """``pvc``, ``s3``, ``http``/``https`` of the storageUri; None for the short form."""
+        return self.storage_uri.split("://", 1)[0] if self.storage_uri is not None else None
+
+    @property
+    def fetched(self) -> bool:
+        """Whether a storage initializer fetches the model (s3 and http(s))."""
+        return self.scheme in ("s3", "http", "https")
+
+
+#: What ``resources.gpus > 1`` gets (the CRD's CEL says the same).
+GPUS_MESSAGE = (
+    "resources.gpus must be 0 or 1: a pod runs its model on one device until multi-device runners exist; "
+    "ask for more replicas instead"
+)
+
+
+def _gpus(v: int) -> int:
+    if v > 1:
+        raise ValueError(GPUS_MESSAGE)
+    return v
 
 
 class ResourcesSpec(_Model):
-    gpus: int = Field(default=1, ge=0, le=16)
+    gpus: Annotated[int, Field(ge=0, le=16), AfterValidator(_gpus)] = 1
     gpu_resource_name: Annotated[str, AfterValidator(_extended_resource)] = "nvidia.com/gpu"
     cpu: Quantity = "1"
     memory: Quantity = "4Gi"

@@ -8,6 +8,7 @@ CamelCase reason and a message; no ``phase``. A condition's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ __all__ = [
     "Observed",
     "TenantQuota",
     "compute_status",
+    "fetch_message",
     "format_rate",
     "format_wait",
     "merge_conditions",
@@ -81,6 +83,10 @@ class Observed:
     series_found: bool | None = None
     #: Seconds the series have been missing while pods were ready; None = not missing.
     series_missing_seconds: float | None = None
+    #: Whether a storage initializer fetches the model (``model.storageUri`` s3/http(s)).
+    model_fetch: bool = False
+    #: The inference pods (their init containers' states), when ``model_fetch``.
+    pods: Sequence[Mapping[str, Any]] = ()
 
 
 def format_wait(seconds: float) -> str:
@@ -228,6 +234,62 @@ def _metrics_available(o: Observed) -> Cond:
     return Cond(t, "Unknown", "SeriesPending", f"no series in Prometheus yet ({missing:.0f}s with pods ready)")
 
 
+#: The storage initializer's container name (``render.STORAGE_INITIALIZER``).
+STORAGE_INITIALIZER = "storage-initializer"
+_FETCH_REASON = re.compile(r"failed \(([a-z-]+)\)")
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_QUERY = re.compile(r"\?\S*?(?=:\s|\s|$)")
+#: Longest fetch message a condition carries.
+FETCH_MESSAGE_MAX = 512
+
+
+def fetch_message(text: str) -> str:
+    """The last non-empty line of an init container's termination message (what ``sluiceway-pod
+    fetch`` writes: ``sluiceway-pod fetch: failed (REASON): DETAIL``), with any URL user info or
+    query string removed (fetch already scrubs credentials; this holds for any other text too) and
+    at most :data:`FETCH_MESSAGE_MAX` characters."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    last = _QUERY.sub("", _USERINFO.sub("", last))
+    return last[:FETCH_MESSAGE_MAX]
+
+
+def _model_fetched(o: Observed) -> Cond:
+    """``ModelFetched`` from the pods' storage-initializer states: False/``ModelFetchFailed`` with the
+    fetch's reason and line when the latest run of any pod's initializer failed (also while it is
+    retried), True when every pod's initializer finished, else Unknown/``FetchPending``."""
+    t = "ModelFetched"
+    done = failed = 0
+    first: str | None = None
+    for pod in o.pods:
+        name = str((pod.get("metadata") or {}).get("name") or "?")
+        inits = (pod.get("status") or {}).get("initContainerStatuses") or []
+        status = next((s for s in inits if s.get("name") == STORAGE_INITIALIZER), None)
+        if status is None:
+            continue
+        now = (status.get("state") or {}).get("terminated")
+        if now is not None and now.get("exitCode") == 0:
+            done += 1
+            continue
+        term = now if now is not None else (status.get("lastState") or {}).get("terminated")
+        if term is None or term.get("exitCode") == 0:
+            continue
+        failed += 1
+        if first is None:
+            line = fetch_message(str(term.get("message") or ""))
+            m = _FETCH_REASON.search(line)
+            reason = m.group(1) if m else str(term.get("reason") or "error")
+            first = f"pod {name}: storage initializer failed ({reason}), exit {term.get('exitCode')}" + (
+                f": {line}" if line else ""
+            )
+    if failed:
+        more = f" ({failed} pods failing)" if failed > 1 else ""
+        return Cond(t, "False", "ModelFetchFailed", f"{first}{more}")
+    if o.pods and done == len(o.pods):
+        return Cond(t, "True", "ModelFetched", f"the model was fetched by {done} of {len(o.pods)} pods")
+    return Cond(t, "Unknown", "FetchPending", f"the model was fetched by {done} of {len(o.pods)} pods so far")
+
+
 def _ready(parts: Sequence[Cond]) -> Cond:
     for c in parts:
         if c.status == "False" or (c.status == "Unknown" and c.type != "AutoscalingReady"):
@@ -263,7 +325,11 @@ def compute_status(
 ) -> dict[str, Any]:
     """The full ``status`` to write (a merge patch of the status subresource)."""
     cv, av, au = _config_valid(o), _available(o), _autoscaling(o)
-    conds = [_ready([cv, av, au]), cv, av, au, _metrics_available(o)]
+    if o.model_fetch:
+        mf = _model_fetched(o)
+        conds = [_ready([cv, mf, av, au]), cv, mf, av, au, _metrics_available(o)]
+    else:
+        conds = [_ready([cv, av, au]), cv, av, au, _metrics_available(o)]
     dstatus = (o.deployment or {}).get("status") or {}
     concurrency = str(round(o.live_permits)) if o.live_permits is not None else str(o.spec_permits)
     status: dict[str, Any] = {

@@ -162,6 +162,8 @@ NEEDED = [
     ("patch", "rolebindings", "rbac.authorization.k8s.io", ""),
     ("list", "endpointslices", "discovery.k8s.io", ""),
     ("watch", "endpointslices", "discovery.k8s.io", ""),
+    # spec.model.storageUri: the storage initializers' states (ModelFetched)
+    ("list", "pods", "", ""),
 ]
 #: Never, anywhere. The operator creates RoleBindings (the gateway's) but can grant only what it
 #: holds itself: no bind, no escalate (test_operator_cannot_grant_more_than_it_holds).

@@ -116,6 +116,10 @@ def test_crd_accepted_with_defaults(admin: Admin) -> None:
     assert crd["spec"]["names"]["categories"] == ["sluiceway"]
 
 
+def _model(**model: Any) -> dict[str, Any]:
+    return {"model": {"image": "registry.example/p:1", **model}, "resources": {"gpus": 0}}
+
+
 def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
     return {"model": {"image": "i", "format": "demo", "source": "demo", "inputs": list(tensors)}}
 
@@ -280,6 +284,37 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
             {"observability": {"tracing": {"enabled": False, "endpoint": "http://otel:4318/v1/traces"}}},
             "tracing.enabled: false turns tracing off",
         ),
+        # issue 22: one device per pod until multi-device runners exist
+        ({"resources": {"gpus": 2}}, "resources.gpus must be 0 or 1: a pod runs its model on one device"),
+        # issue 22 §1/§2: model.storageUri and the formats
+        (_model(format="onnx"), "set exactly one of model.source (the short form) and model.storageUri"),
+        (
+            _model(format="onnx", source="/m.onnx", storageUri="s3://models/m.onnx"),
+            "set exactly one of model.source (the short form) and model.storageUri",
+        ),
+        (_model(format="onnx", storageUri="https://user:pw@h.example/m.onnx"), "spec.model.storageUri"),
+        (_model(format="onnx", storageUri="https://h.example/m.onnx?X-Amz-Signature=a"), "spec.model.storageUri"),
+        (_model(format="onnx", storageUri="s3://models/../m.onnx"), "storageUri must not contain '.' or '..'"),
+        (_model(format="onnx", storageUri="ftp://h.example/m.onnx"), "spec.model.storageUri"),
+        (
+            _model(format="safetensors", storageUri="s3://models/m.safetensors"),
+            "format safetensors with a storageUri needs model.factory",
+        ),
+        (_model(format="safetensors", source="/m.safetensors"), "format safetensors needs source"),
+        (_model(format="onnx", source="m.onnx"), "formats torchscript, pt2 and onnx need an absolute"),
+        (_model(format="onnx", storageUri="https://h.example/m.onnx", s3={}), "model.s3 is only used with an s3://"),
+        (_model(format="onnx", storageUri="pvc://w/m.onnx", sha256="0" * 64), "model.sha256 is only used"),
+        (_model(format="onnx", source="/m.onnx", factory="a:b"), "model.factory is only used with format safetensors"),
+        (_model(format="demo", storageUri="s3://models/m.onnx"), "format demo needs source 'demo'"),
+        (
+            _model(format="onnx", storageUri="pvc://w/m.onnx", persistentVolumeClaim={"claimName": "w"}),
+            "model.storageUri and model.persistentVolumeClaim exclude each other",
+        ),
+        (_model(format="onnx", storageUri="s3://models/m/", storageSizeLimit=0), "storageSizeLimit must be positive"),
+        (
+            _model(format="onnx", storageUri="s3://models/m/", s3={"credentialsSecret": "Not_A_Name"}),
+            "spec.model.s3.credentialsSecret",
+        ),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -325,6 +360,31 @@ def test_the_crd_the_operator_and_the_pod_accept_the_same(admin: Admin, spec: di
     if "fallback" in stored["model"]:
         assert cfg.degradation.fallback is not None
         assert cfg.degradation.fallback.spec == stored["model"]["fallback"]["source"]
+
+
+@pytest.mark.parametrize(
+    ("model", "want"),
+    [
+        (_model(format="onnx", storageUri="s3://models/v1/", s3={"endpoint": "http://minio:9000"}), "/mnt/models"),
+        (_model(format="pt2", storageUri="https://h.example/m.pt2", sha256="a" * 64), "/mnt/models"),
+        (_model(format="torchscript", storageUri="pvc://weights/resnet/model.pt"), "/mnt/models/resnet/model.pt"),
+        (
+            _model(format="safetensors", storageUri="s3://models/m.safetensors", factory="pkg.nets:build"),
+            "pkg.nets:build@/mnt/models/m.safetensors",
+        ),
+        (_model(format="safetensors", source="pkg.nets:build@/w/m.safetensors"), "pkg.nets:build@/w/m.safetensors"),
+        (_model(format="onnx", source="/models/m.onnx"), "/models/m.onnx"),
+        ({"resources": {"gpus": 1}}, "synthetic:10"),
+    ],
+)
+def test_storage_uris_and_formats_the_crd_accepts_render(admin: Admin, model: dict[str, Any], want: str) -> None:
+    """What the API server accepts (defaults applied: storageSizeLimit 10Gi, s3.pathStyle true) the
+    operator's model takes and renders into a pod config the pod's model loads."""
+    stored = admin.create(_path(), _isvc("stored", **model), dry_run=True)["spec"]
+    if "storageUri" in stored["model"]:
+        assert stored["model"]["storageSizeLimit"] == "10Gi"
+    cfg = build_pod_config(Owner("stored", NS, "u"), parse_spec(stored))
+    assert cfg.model.spec == want
 
 
 @pytest.mark.parametrize("release", ["0s", "301s", "24h"])
@@ -683,3 +743,107 @@ def test_gateway_children_applied_and_its_role_reads_only_endpoint_slices(
         what="status.endpoint on the pods' Service",
     )
     admin.call("DELETE", _path("edge"))
+
+
+# ------------------------------------------------------------------------------ model from storage
+
+
+def test_model_from_s3_credentials_consent_and_fetch_failure_in_status(admin: Admin, operator_process: Path) -> None:
+    """Issue 22 §1: the store's credentials Secret must opt in (label) before the operator names it
+    in a pod; the storage initializer gets the keys only as secretKeyRef variables; a failed fetch
+    (the pod's init-container state, written here as the kubelet would) becomes ModelFetched=False
+    with the fetch's reason, and no credential reaches the status, an Event or the ConfigMap."""
+    secret_key = "s3-secret-value-never-printed"
+    admin.create(
+        f"/api/v1/namespaces/{NS}/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "store-creds"},
+            "data": {
+                "AWS_ACCESS_KEY_ID": base64.b64encode(b"AKIDSTORE").decode(),
+                "AWS_SECRET_ACCESS_KEY": base64.b64encode(secret_key.encode()).decode(),
+            },
+        },
+    )
+    model = {
+        "image": "registry.example/sluiceway-pod:test",
+        "format": "onnx",
+        "storageUri": "s3://models/scorer/v3/",
+        "s3": {"endpoint": "http://minio.storage.svc:9000", "credentialsSecret": "store-creds"},
+        "storageSizeLimit": "1Gi",
+    }
+    admin.create(_path(), _isvc("fetched", model=model, resources={"gpus": 0}, autoscaling={"engine": "none"}))
+
+    def config_valid(status: str) -> Any:
+        c = _cond(admin.get(_path("fetched")), "ConfigValid")
+        return c if c and c["status"] == status else None
+
+    c = wait_for(lambda: config_valid("False"), 30, what="ConfigValid=False (unlabelled credentials)")
+    assert c["reason"] == "ModelCredentialsUnavailable" and 'sluiceway.io/model-credentials: "true"' in c["message"]
+    assert _children(admin, "fetched")["Deployment"] is None  # nothing written
+    admin.call(
+        "PATCH",
+        f"/api/v1/namespaces/{NS}/secrets/store-creds",
+        body=[{"op": "add", "path": "/metadata/labels", "value": {"sluiceway.io/model-credentials": "true"}}],
+    )
+    wait_for(lambda: config_valid("True"), 30, what="ConfigValid=True once labelled")
+    dep = wait_for(lambda: _children(admin, "fetched")["Deployment"], 30, what="Deployment")
+    (init,) = dep["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][:4] == ["sluiceway-pod", "fetch", "--uri", "s3://models/scorer/v3/"]
+    assert {e["name"] for e in init["env"] if "valueFrom" in e} == {
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    }
+
+    # The kubelet's part: the initializer ran and failed with the fetch's termination message.
+    (pod,) = wait_for(lambda: _pods(admin, "fetched") or None, 60, what="the pod")
+    line = "sluiceway-pod fetch: failed (access-denied): s3://models/scorer/v3/: AccessDenied: Access Denied."
+    admin.call(
+        "PATCH",
+        f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}/status",
+        body=[
+            {
+                "op": "add",
+                "path": "/status/initContainerStatuses",
+                "value": [
+                    {
+                        "name": "storage-initializer",
+                        "image": init["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 1,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {
+                            "terminated": {
+                                "exitCode": 11,
+                                "reason": "Error",
+                                "message": f"fetch: listing s3://models/scorer/v3/\n{line}\n",
+                                "startedAt": "2026-01-01T00:00:00Z",
+                                "finishedAt": "2026-01-01T00:00:01Z",
+                            }
+                        },
+                    }
+                ],
+            }
+        ],
+    )
+
+    def fetch_failed() -> Any:
+        obj = admin.get(_path("fetched"))
+        c = _cond(obj, "ModelFetched")
+        return obj if c and c["status"] == "False" else None
+
+    obj = wait_for(fetch_failed, 30, what="ModelFetched=False")
+    c = _cond(obj, "ModelFetched")
+    assert c["reason"] == "ModelFetchFailed"
+    assert c["message"] == (
+        f"pod {pod['metadata']['name']}: storage initializer failed (access-denied), exit 11: {line}"
+    )
+    assert _cond(obj, "Ready")["reason"] == "ModelFetchFailed"
+    events = admin.call(
+        "GET", f"/api/v1/namespaces/{NS}/events", query=[("fieldSelector", "involvedObject.name=fetched")]
+    )["items"]
+    cm = admin.get(f"/api/v1/namespaces/{NS}/configmaps/fetched-config")
+    for text in (str(obj["status"]), str(events), str(cm), str(dep)):
+        assert secret_key not in text and "AKIDSTORE" not in text
+    admin.call("DELETE", _path("fetched"))

@@ -7,6 +7,7 @@ then shows up in review.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -170,7 +171,7 @@ def test_deployment_is_hardened_and_probed() -> None:
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["command"] == ["sluiceway-pod", "serve", "--config", "/etc/sluiceway/config.yaml"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     # Probes on the metrics port, outside the inference port's connection limit.
@@ -599,3 +600,113 @@ def test_gateway_rolls_on_key_or_config_changes() -> None:
     assert gateway_hash(spec, {**hashes, "search": hash_key("rotated-key", TEST_SALT)}) != base
     routed = parse_spec({**cr["spec"], "gateway": {**cr["spec"]["gateway"], "routing": "random"}})
     assert gateway_hash(routed, hashes) != base
+
+
+# -- spec.model.storageUri (issue 22 §1/§2) -----------------------------------------------------------
+
+
+def _deployment(spec: dict[str, Any], name: str = "scorer") -> dict[str, Any]:
+    rendered = render(Owner(name, "models", "u"), parse_spec(spec), {}, ENV)
+    dep: dict[str, Any] = next(m for m in rendered.manifests if m["kind"] == "Deployment")
+    return dep
+
+
+def test_storage_initializer_runs_the_pods_fetch_cli_with_credentials_only_from_the_secret(tmp_path: Any) -> None:
+    """The init container's command is one ``sluiceway-pod fetch`` parses into the store's options;
+    the credentials reach it only as secretKeyRef variables, never as a value anywhere in the
+    children; the pods load the fetched directory read-only."""
+    from sluiceway_pod.cli import parser
+    from sluiceway_pod.fetch import options_from
+
+    rendered = _render_case("storage")
+    dep = _by_kind(rendered.manifests)["Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["name"] == "storage-initializer" and init["image"] == "registry.example/sluiceway-pod:0.1.0"
+    assert init["command"][0] == "sluiceway-pod"
+    ns = parser().parse_args(init["command"][1:])
+    env = {"AWS_ACCESS_KEY_ID": "AKIDTEST", "AWS_SECRET_ACCESS_KEY": "secret-test-value"}
+    opts = options_from(ns, env)
+    assert (opts.uri, opts.dest, opts.max_bytes) == ("s3://models/scorer/v3/model.onnx", "/mnt/models", 2 * 1024**3)
+    assert (opts.endpoint, opts.region, opts.addressing) == ("http://minio.storage.svc:9000", "eu-west-1", "path")
+    assert opts.sha256 == {"": "0f343b0931126a20f133d67c2b018a3b1bbf5e8ec8e1a0f9c1bd3a3e1c5f6a7b"}
+    assert ns.termination_log == "/dev/termination-log" and init["terminationMessagePath"] == "/dev/termination-log"
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e}
+    assert refs == {
+        "AWS_ACCESS_KEY_ID": {"name": "scorer-store", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "scorer-store", "key": "AWS_SECRET_ACCESS_KEY"},
+        "AWS_SESSION_TOKEN": {"name": "scorer-store", "key": "AWS_SESSION_TOKEN", "optional": True},
+    }
+    (main,) = pod["containers"]
+    assert not [e for e in main["env"] if e["name"].startswith("AWS_")]  # the model's code never gets them
+    assert {"name": "model-store", "mountPath": "/mnt/models", "readOnly": True} in main["volumeMounts"]
+    assert {"name": "model-store", "emptyDir": {"sizeLimit": "2Gi"}} in pod["volumes"]
+    assert rendered.pod_config.model.spec == "/mnt/models"  # the pod loads the one model file in it
+    assert "scorer-store" not in yaml.safe_dump(_by_kind(rendered.manifests)["ConfigMap"])
+
+
+@pytest.mark.parametrize(
+    ("model", "want_spec", "volume"),
+    [
+        (
+            {"format": "torchscript", "storageUri": "pvc://weights/resnet/model.pt"},
+            "/mnt/models/resnet/model.pt",
+            {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+        ),
+        (
+            {"format": "safetensors", "storageUri": "pvc://weights/m.safetensors", "factory": "mypkg.nets:build"},
+            "mypkg.nets:build@/mnt/models/m.safetensors",
+            {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+        ),
+        (
+            {"format": "safetensors", "storageUri": "https://h.example/m.safetensors", "factory": "mypkg.nets:build"},
+            "mypkg.nets:build@/mnt/models/m.safetensors",
+            {"name": "model-store", "emptyDir": {"sizeLimit": "10Gi"}},
+        ),
+        (
+            {"format": "pt2", "storageUri": "s3://models/scorer/v1/"},
+            "/mnt/models",
+            {"name": "model-store", "emptyDir": {"sizeLimit": "10Gi"}},
+        ),
+        ({"format": "onnx", "source": "/models/scorer.onnx"}, "/models/scorer.onnx", None),
+        ({"format": "safetensors", "source": "p.n:b@/models/m.safetensors"}, "p.n:b@/models/m.safetensors", None),
+    ],
+)
+def test_storage_uri_schemes_and_formats_reach_the_pod(
+    model: dict[str, Any], want_spec: str, volume: dict[str, Any] | None
+) -> None:
+    spec = {"model": {"image": "registry.example/p:1", **model}, "resources": {"gpus": 0}}
+    rendered = render(Owner("m", "models", "u"), parse_spec(spec), {}, ENV)
+    assert rendered.pod_config.model.spec == want_spec
+    pod = _by_kind(rendered.manifests)["Deployment"]["spec"]["template"]["spec"]
+    if volume is not None:
+        assert volume in pod["volumes"]
+    assert ("initContainers" in pod) == model.get("storageUri", "").startswith(("s3://", "http"))
+    for manifest in rendered.manifests:
+        if manifest["apiVersion"] not in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"format": "onnx"}, "set exactly one of model.source"),
+        ({"format": "onnx", "source": "/m.onnx", "storageUri": "s3://models/m.onnx"}, "set exactly one of model"),
+        ({"format": "onnx", "storageUri": "https://user:pw@h.example/m.onnx"}, "without user info or query string"),
+        ({"format": "onnx", "storageUri": "https://h.example/m.onnx?X-Amz-Signature=a"}, "without user info or query"),
+        ({"format": "onnx", "storageUri": "s3://models/../m.onnx"}, "'.' or '..' path segments"),
+        ({"format": "safetensors", "storageUri": "s3://models/m.safetensors"}, "needs model.factory"),
+        ({"format": "onnx", "storageUri": "https://h.example/m.onnx", "s3": {}}, "model.s3 is only used with an s3://"),
+        ({"format": "onnx", "storageUri": "pvc://w/m.onnx", "sha256": "0" * 64}, "model.sha256 is only used"),
+        ({"format": "demo", "storageUri": "s3://models/m.onnx"}, "format demo needs model.source"),
+        ({"format": "onnx", "source": "model.onnx"}, "does not match format onnx"),
+    ],
+)
+def test_bad_model_sources_are_spec_errors(model: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_spec({"model": {"image": "registry.example/p:1", **model}})
+
+
+def test_more_than_one_gpu_is_refused() -> None:
+    with pytest.raises(SpecError, match="one device until multi-device runners exist"):
+        parse_spec({"model": {"image": "i", "format": "demo", "source": "demo"}, "resources": {"gpus": 2}})

@@ -143,3 +143,54 @@ def test_metrics_available_turns_false_after_two_minutes_with_ready_pods() -> No
     assert _conds(found)["MetricsAvailable"] == ("True", "MetricsSeriesFound")
     unread = compute_status(_obs(**{**base, "series_found": None}, prometheus_error="timeout"), None, "T")
     assert _conds(unread)["MetricsAvailable"] == ("Unknown", "PrometheusUnavailable")
+
+
+# -- ModelFetched (issue 22 §1): the storage initializer's terminated state ----------------------------
+
+
+def _pod(name: str, state: dict[str, Any], last: dict[str, Any] | None = None) -> dict[str, Any]:
+    status = {"name": "storage-initializer", "state": state, "lastState": last or {}}
+    return {"metadata": {"name": name}, "status": {"initContainerStatuses": [status]}}
+
+
+FETCH_LINE = (
+    "sluiceway-pod fetch: failed (access-denied): s3://models/scorer/v3/model.onnx: AccessDenied: "
+    "The AWS Access Key Id you provided does not exist in our records."
+)
+
+
+def test_model_fetch_failure_is_reported_with_its_reason_and_no_secret() -> None:
+    """The last line of the termination message the fetch CLI wrote, its reason in the message; URL
+    user info and query strings never reach the status (the fetch scrubs them; so does this)."""
+    message = (
+        "fetch: model.onnx: 1.0 / 4.0 MiB (25%) 1.0 MiB/s\n"
+        "sluiceway-pod fetch: failed (store-unreachable): https://admin:hunter2@store.example/m.onnx"
+        "?X-Amz-Signature=deadbeef: connection refused\n"
+    )
+    failing = _pod("scorer-7d9-abc", {"waiting": {"reason": "CrashLoopBackOff"}},
+                   {"terminated": {"exitCode": 14, "reason": "Error", "message": message}})
+    st = compute_status(_obs(model_fetch=True, pods=[failing], deployment=AVAILABLE_DEP), None, "T0")
+    cond = next(c for c in st["conditions"] if c["type"] == "ModelFetched")
+    assert (cond["status"], cond["reason"]) == ("False", "ModelFetchFailed")
+    assert cond["message"] == (
+        "pod scorer-7d9-abc: storage initializer failed (store-unreachable), exit 14: sluiceway-pod fetch: failed "
+        "(store-unreachable): https://store.example/m.onnx: connection refused"
+    )
+    assert "hunter2" not in str(st) and "deadbeef" not in str(st)
+    assert _conds(st)["Ready"] == ("False", "ModelFetchFailed")
+
+
+def test_model_fetched_true_pending_and_absent() -> None:
+    done = _pod("a", {"terminated": {"exitCode": 0, "reason": "Completed"}})
+    running = _pod("b", {"running": {}})
+    failed_then_done = _pod("c", {"terminated": {"exitCode": 0}}, {"terminated": {"exitCode": 11}})
+    st = compute_status(_obs(model_fetch=True, pods=[done, failed_then_done], deployment=AVAILABLE_DEP), None, "T0")
+    assert _conds(st)["ModelFetched"] == ("True", "ModelFetched")
+    assert _conds(st)["Ready"] == ("True", "Ready")
+    st = compute_status(_obs(model_fetch=True, pods=[done, running]), None, "T0")
+    assert _conds(st)["ModelFetched"] == ("Unknown", "FetchPending")
+    failing = _pod("d", {"terminated": {"exitCode": 11, "message": FETCH_LINE}})
+    st = compute_status(_obs(model_fetch=True, pods=[done, failing, failing]), None, "T0")
+    cond = next(c for c in st["conditions"] if c["type"] == "ModelFetched")
+    assert "(access-denied), exit 11" in cond["message"] and cond["message"].endswith("(2 pods failing)")
+    assert "ModelFetched" not in _conds(compute_status(_obs(), None, "T0"))  # no storageUri: no condition
