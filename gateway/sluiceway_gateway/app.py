@@ -8,6 +8,10 @@ One request's path (:meth:`Gateway.handle`):
 2. Infer requests (``POST /v2/models/<m>[/versions/<v>]/infer``) pass :class:`EdgeAdmission` first
    when tenants are configured (401/403/429 here; no pod sees them).
 3. :func:`~sluiceway_gateway.routing.choose` picks a pod from the ledger; its in-flight count rises.
+   When no pod may take it (none routable, every pod's queue full, or requests already held) it is
+   held in the :class:`~sluiceway_gateway.hold.HoldQueue` until the hand-off (:meth:`Gateway._pump`)
+   reserves it on a pod with room, its deadline passes (504 ``hold_timeout``) or the gateway shuts
+   down (503 ``gateway_draining``); over the hold bounds it is refused at once with ``Retry-After``.
 4. The request goes out on a pooled keep-alive connection with the client's headers (less hop-by-hop
    ones) and the buffered body; the answer's status and headers come back, the load headers are read
    into the ledger and removed, and the body is streamed to the client.
