@@ -116,6 +116,7 @@ class PrometheusSource:
             offered = self.scalar(address, queries.offered_rate, timeout)
             cost = self.scalar(address, queries.request_cost, timeout)
             permits = self.scalar(address, queries.concurrency, timeout)
+            in_pods = self.scalar(address, queries.requests_in_pods, timeout) if queries.requests_in_pods else None
         except SourceUnavailable as e:
             log.warning("prometheus read failed: %s", e.message)
             return Signals(None, ok=False, detail=f"{e.reason}: {e.message}"), None
@@ -135,6 +136,7 @@ class PrometheusSource:
                 request_cost=_finite(cost),
                 permits=int(limit) if limit is not None and limit >= 1 else None,
                 ready_replicas=up,
+                requests_in_pods=_finite(in_pods) if in_pods is None or in_pods >= 0 else None,
             ),
             up,
         )
