@@ -87,7 +87,7 @@ def test_requests_held_at_zero_are_answered_when_the_pod_starts_at_its_rate(
     a queue of 1): all N are answered 200, and the hand-off never had more than permits + queue room
     in flight to it: the pod refused none for a full queue, and its own gauges never showed more."""
     port = free_port()
-    gw = gateway_factory({"endpoints": [f"127.0.0.1:{port}"], "hold": {"handoffQueuePerPod": 1}})
+    gw = gateway_factory({"endpoints": [f"127.0.0.1:{port}"]})  # hold defaults: handoffQueuePerPod 1
     n = 16
     clients = Clients(gw)
     clients.send(n, 60_000)
