@@ -228,7 +228,7 @@ def test_every_pod_full_requests_are_held_not_refused(pod_factory: Any, gateway_
     (429 ``queue_full``); the gateway holds those and hands them back as the pod's answers show room,
     so every request is answered 200. Without the hold queue (``maxRequests: 0``, the gateway of
     issue 19) the same load gets refusals: the test sees the difference."""
-    pod = pod_factory("--model", "synthetic:150", "--concurrency", "1", "--max-queue", "1")
+    pod = pod_factory("--model", "synthetic:400", "--concurrency", "1", "--max-queue", "1")  # 8 need 3.2 s
     gw = gateway_factory({"endpoints": [f"127.0.0.1:{pod.port}"], "hold": {"maxRequests": 1024 if hold else 0}})
     clients = Clients(gw)
     clients.send(8, 30_000)
