@@ -13,7 +13,8 @@ later. The table of shares is printed; an even spread would give the three new p
 them. The assertion: they got at most 10 % (in practice none: every connection was opened before
 they existed), while the pods served the load (at least 80 % of what was offered).
 
-Bounded: every wait has a deadline; the module (sandbox up, the run, down) takes about two minutes.
+Bounded: every wait has a deadline, and the module (sandbox up, the run, down) at most 180 s
+(pytest-timeout); alone it printed ``1 passed in 105.39s``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ WINDOW = 60.0  # seconds after the new pods are ready
 REPLICAS = 4
 NEW_PODS_BOUND = 0.10  # the new pods' share together (an even spread: 0.75)
 
-pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.timeout(200)]
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
