@@ -249,7 +249,8 @@ class Gateway:
         self._full_since[pod.key] = self.clock()
 
     def _heard(self, pod: PodLoad, resp: UpstreamResponse, now: float) -> None:
-        apply_headers(pod, _str_headers(resp), now)
+        """The answer to one forwarded request, still counted in ``pod.inflight``."""
+        apply_headers(pod, _str_headers(resp), now, answered=1)
         if pod.degradation < QUEUE_FULL_LEVEL:
             self._full_since.pop(pod.key, None)
         elif pod.key not in self._full_since:

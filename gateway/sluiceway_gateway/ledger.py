@@ -74,9 +74,11 @@ def _num(text: str | None) -> float | None:
     return v
 
 
-def apply_headers(pod: PodLoad, headers: Mapping[str, str], now: float) -> bool:
+def apply_headers(pod: PodLoad, headers: Mapping[str, str], now: float, answered: int = 0) -> bool:
     """Read the load headers (lower-case names) of one answer into ``pod``; returns whether any was
-    present. Malformed values are ignored, never raised."""
+    present. Malformed values are ignored, never raised. ``answered``: how many of ``pod.inflight``
+    this answer is for (1 for a forwarded request's answer, 0 for a poll): the pod's report already
+    left that request out, so it is not counted as sent since the report."""
     seen = False
     depth = _num(headers.get(QUEUE_DEPTH))
     if depth is not None:
@@ -98,7 +100,7 @@ def apply_headers(pod: PodLoad, headers: Mapping[str, str], now: float) -> bool:
         pod.degradation, seen = int(level), True
     if seen:
         pod.reported_at = now
-        pod.inflight_at_report = pod.inflight
+        pod.inflight_at_report = max(0, pod.inflight - answered)
     pod.heard(now)
     return seen
 

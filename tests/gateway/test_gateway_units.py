@@ -216,3 +216,22 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         load_gateway_config(None)
     cfg = load_gateway_config(None, {"endpoints": ["127.0.0.1:1"], "routing": "random"})
     assert cfg.routing == "random"
+
+
+def test_an_answer_does_not_count_itself_as_sent_since_the_report() -> None:
+    """The routing benchmark found it: an answer's headers were read while the answered request still
+    counted in ``inflight``, so the next request sent to that pod was taken as already known to the
+    pod's report, and a pod busy with one request looked as free as an idle one."""
+    busy, idle = PodLoad("busy"), PodLoad("idle")
+    for p in (busy, idle):
+        observe_latency(p, 27.0)
+        p.permits_limit = 1
+    # busy: one request in flight answered with "no wait" (its own answer), then counted down
+    busy.inflight = 1
+    apply_headers(busy, {"sluiceway-predicted-wait-ms": "0", "sluiceway-permits": "0/1"}, 1.0, answered=1)
+    busy.inflight -= 1
+    apply_headers(idle, {"sluiceway-predicted-wait-ms": "0", "sluiceway-permits": "0/1"}, 1.0)
+    busy.inflight += 1  # a new request goes to busy
+    assert predicted_wait_ms(busy) == pytest.approx(27.0)
+    assert predicted_wait_ms(idle) == 0.0
+    assert choose([busy, idle], "leastWait", random.Random(0)) is idle
