@@ -37,6 +37,8 @@ from . import FIELD_MANAGER, GROUP, KIND, VERSION
 __all__ = [
     "MODEL_CREDENTIALS_LABEL",
     "MODEL_CREDENTIALS_REASON",
+    "POD_SECRET_LABEL",
+    "POD_SECRET_REASON",
     "REPLICAS_MANAGER",
     "TENANT_KEY_LABEL",
     "TENANT_KEY_REASON",
@@ -108,6 +110,9 @@ TENANT_KEY_REASON = "TenantKeyUnavailable"
 MODEL_CREDENTIALS_LABEL = "sluiceway.io/model-credentials"
 #: The one condition reason for an unusable ``model.s3.credentialsSecret``.
 MODEL_CREDENTIALS_REASON = "ModelCredentialsUnavailable"
+#: The opt-in label a Secret needs before ``spec.pod`` (env, envFrom, volumes) may name it.
+POD_SECRET_LABEL = "sluiceway.io/pod-secret"
+POD_SECRET_REASON = "PodSecretUnavailable"
 
 
 @dataclass(frozen=True)
@@ -278,6 +283,17 @@ class Kube:
             return problem
         data = obj.get("data") or {}
         return None if all(data.get(k) for k in keys) else problem
+
+    def check_pod_secret(self, namespace: str, name: str) -> SecretProblem | None:
+        """None if ``name`` is a Secret labelled ``sluiceway.io/pod-secret: "true"`` (its owner's
+        consent to ``spec.pod`` handing it to the pods), else one generic problem."""
+        obj = self.get("v1", "Secret", namespace, name)
+        if obj is not None and ((obj.get("metadata") or {}).get("labels") or {}).get(POD_SECRET_LABEL) == "true":
+            return None
+        return SecretProblem(
+            POD_SECRET_REASON,
+            f'spec.pod names Secret {name}: it must be a Secret of this namespace labelled {POD_SECRET_LABEL}: "true"',
+        )
 
     def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         """The pods matching ``selector`` (``list pods`` in the namespace)."""

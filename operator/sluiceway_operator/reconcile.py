@@ -283,6 +283,12 @@ class Reconciler:
             problem = self.kube.check_model_credentials(namespace, s3.credentials_secret, S3_CREDENTIAL_KEYS)
             if problem is not None:
                 return outcome(spec, (problem.reason, problem.message), previous_hash)
+        if spec.pod is not None:
+            problems = [
+                p for p in (self.kube.check_pod_secret(namespace, n) for n in spec.pod.secret_names()) if p is not None
+            ]
+            if problems:
+                return outcome(spec, (problems[0].reason, "; ".join(p.message for p in problems)), previous_hash)
         env = Environment(
             scaler_address=self.config.scaler_address,
             prometheus_url=self.config.prometheus_url,

@@ -270,7 +270,8 @@ def _max_pods(spec: InferenceServiceSpec) -> int:
     """The most pods of the Deployment at once: ``replicas`` (engine none) or ``maxReplicas``, plus
     the rollout's surge."""
     a = spec.autoscaling
-    return max(1, spec.replicas if a.engine == "none" else a.max_replicas) + MAX_SURGE
+    most = max(1, spec.replicas if a.engine == "none" else a.max_replicas)
+    return most + spec.rollout.surge_pods(most)
 
 
 def build_quota_charter(owner: Owner, spec: InferenceServiceSpec) -> QuotaCharter | None:
@@ -658,6 +659,13 @@ def build_deployment(
     if initializer is not None:
         mounts.append({"name": "model-store", "mountPath": MODEL_STORE_DIR, "readOnly": True})
         volumes.append({"name": "model-store", "emptyDir": {"sizeLimit": str(spec.model.storage_size_limit)}})
+    extra = spec.pod
+    if extra is not None and extra.shm_size is not None:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(extra.shm_size)}})
+    if extra is not None:
+        mounts += [m.model_dump(by_alias=True, exclude_none=True) for m in extra.volume_mounts or []]
+        volumes += [dict(v) for v in extra.volumes or []]
     container: dict[str, Any] = {
         "name": "sluiceway-pod",
         "image": spec.model.image,
@@ -671,7 +679,9 @@ def build_deployment(
         + (
             # the quota client names its leases after the pod (sluiceway_core.config.QuotaConfig)
             [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}] if pod_name_env else []
-        ),
+        )
+        # spec.pod's own, after the operator's (whose names it may not use)
+        + [e.model_dump(by_alias=True, exclude_none=True) for e in (extra.env or [] if extra is not None else [])],
         "resources": resources,
         "startupProbe": _http_probe("/v2/health/live", 5, 120),
         "livenessProbe": _http_probe("/v2/health/live", 10, 3),
@@ -685,6 +695,8 @@ def build_deployment(
         },
         "volumeMounts": mounts,
     }
+    if extra is not None and extra.env_from:
+        container["envFrom"] = [f.model_dump(by_alias=True, exclude_none=True) for f in extra.env_from]
     pod_spec: dict[str, Any] = {
         **({"initContainers": [initializer]} if initializer is not None else {}),
         "containers": [container],
@@ -701,6 +713,16 @@ def build_deployment(
         # User models run here: no Kubernetes API credentials in the pod.
         "automountServiceAccountToken": False,
     }
+    ids = extra.security_context if extra is not None else None
+    if ids is not None and ids.platform_assigns_ids:
+        for key in ("runAsUser", "runAsGroup", "fsGroup"):
+            del pod_spec["securityContext"][key]
+    elif ids is not None:
+        for key, value in (("runAsUser", ids.run_as_user), ("runAsGroup", ids.run_as_group), ("fsGroup", ids.fs_group)):
+            if value is not None:
+                pod_spec["securityContext"][key] = value
+    if extra is not None and extra.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [dict(c) for c in extra.topology_spread_constraints]
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.image_pull_secrets:
@@ -719,11 +741,18 @@ def build_deployment(
             pod_spec["runtimeClassName"] = p.runtime_class_name
     dep_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(owner.name)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
+        },
         "template": {
             "metadata": {
-                "labels": pod_labels(owner.name),
-                "annotations": {CONFIG_HASH_ANNOTATION: digest},
+                # spec.pod's labels and annotations first: the operator's own (selector, hash) always win
+                "labels": {**((extra.labels or {}) if extra is not None else {}), **pod_labels(owner.name)},
+                "annotations": {
+                    **((extra.annotations or {}) if extra is not None else {}),
+                    CONFIG_HASH_ANNOTATION: digest,
+                },
             },
             "spec": pod_spec,
         },

@@ -526,6 +526,216 @@ class GatewaySpec(_Model):
     resources: GatewayResourcesSpec = Field(default_factory=GatewayResourcesSpec)
 
 
+#: Volume names the operator uses in the inference pods.
+RESERVED_VOLUMES = ("config", "keys", "tmp", "model", "model-store", "dshm")
+#: The volume sources ``pod.volumes`` may use (the CRD's CEL says the same).
+VOLUME_SOURCES = ("configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI")
+#: Paths ``pod.volumeMounts`` must not hide (RESERVED_PATHS plus the model store and /dev/shm).
+POD_RESERVED_PATHS = (*RESERVED_PATHS, "/mnt/models", "/dev/shm")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+
+class EnvVar(_Model):
+    """A core/v1 EnvVar; ``valueFrom`` is passed through (the API server checks it)."""
+
+    name: str = Field(max_length=256)
+    value: str | None = Field(default=None, max_length=32768)
+    value_from: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _rules(self) -> EnvVar:
+        if not _ENV_NAME.fullmatch(self.name):
+            raise ValueError(f"{self.name!r} is not an environment variable name")
+        if self.name in ("HOME", "POD_NAME") or self.name.startswith("SLUICEWAY_"):
+            raise ValueError(
+                "pod.env must not set HOME, POD_NAME or SLUICEWAY_* (the operator's configuration of the pod)"
+            )
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("an env entry has value or valueFrom, not both")
+        return self
+
+
+class _Ref(_Model):
+    name: SubdomainName
+    optional: bool | None = None
+
+
+class EnvFromSource(_Model):
+    prefix: str | None = Field(default=None, max_length=256)
+    config_map_ref: _Ref | None = None
+    secret_ref: _Ref | None = None
+
+    @model_validator(mode="after")
+    def _rules(self) -> EnvFromSource:
+        if (self.config_map_ref is None) == (self.secret_ref is None):
+            raise ValueError("an envFrom entry names exactly one of configMapRef and secretRef")
+        if self.prefix is not None and self.prefix.startswith("SLUICEWAY_"):
+            raise ValueError("envFrom prefix must not start with SLUICEWAY_")
+        return self
+
+
+def _volume(v: dict[str, Any]) -> dict[str, Any]:
+    name = v.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63:
+        raise ValueError(f"pod volume name {name!r} must be a DNS label")
+    if name in RESERVED_VOLUMES:
+        raise ValueError(f"pod volume names {', '.join(RESERVED_VOLUMES)} are the operator's")
+    sources = [k for k in v if k != "name"]
+    if len(sources) != 1 or sources[0] not in VOLUME_SOURCES:
+        raise ValueError(
+            f"pod volume {name}: exactly one of {', '.join(VOLUME_SOURCES)} (hostPath and other sources are not "
+            f"allowed), not {sources}"
+        )
+    projected = v.get("projected") or {}
+    if any(isinstance(p, dict) and "serviceAccountToken" in p for p in projected.get("sources") or []):
+        raise ValueError(
+            f"pod volume {name}: no serviceAccountToken projection (the inference pods get no API credentials)"
+        )
+    return v
+
+
+class VolumeMount(_Model):
+    name: str = Field(max_length=63)
+    mount_path: str = Field(max_length=1024)
+    read_only: bool | None = None
+    sub_path: str | None = Field(default=None, max_length=1024, pattern=r"^[^/]([^:]*[^/])?$")
+
+    @model_validator(mode="after")
+    def _rules(self) -> VolumeMount:
+        p = self.mount_path
+        if not re.fullmatch(r"(/[^/:]+)+", p) or re.search(r"(^|/)\.\.?(/|$)", p):
+            raise ValueError(f"{p!r} must be an absolute path without ':', '.' or '..' segments or a trailing '/'")
+        for reserved in (*POD_RESERVED_PATHS, "/dev"):
+            if reserved == p or reserved.startswith(p + "/") or p.startswith(reserved + "/"):
+                raise ValueError(f"mountPath {p!r} would hide a path the pod needs ({reserved})")
+        if self.sub_path is not None and re.search(r"(^|/)\.\.(/|$)", self.sub_path):
+            raise ValueError("subPath must not contain '..'")
+        return self
+
+
+class PodSecurityOverrides(_Model):
+    platform_assigns_ids: bool = False
+    run_as_user: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    run_as_group: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    fs_group: int | None = Field(default=None, ge=1, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _rules(self) -> PodSecurityOverrides:
+        if self.platform_assigns_ids and (
+            self.run_as_user is not None or self.run_as_group is not None or self.fs_group is not None
+        ):
+            raise ValueError(
+                "platformAssignsIds leaves the ids to the platform: set no runAsUser, runAsGroup or fsGroup"
+            )
+        return self
+
+
+def _pod_labels(v: dict[str, str]) -> dict[str, str]:
+    for k in v:
+        if k.startswith(("app.kubernetes.io/", "sluiceway.io/")):
+            raise ValueError(
+                "pod.labels must not set app.kubernetes.io/* or sluiceway.io/* keys: the operator's selector labels"
+            )
+    return v
+
+
+def _pod_annotations(v: dict[str, str]) -> dict[str, str]:
+    for k in v:
+        _qualified_name(k)
+        if k.startswith("sluiceway.io/"):
+            raise ValueError("pod.annotations must not set sluiceway.io/* keys (the config hash is the operator's)")
+    return v
+
+
+class PodTemplateSpec(_Model):
+    """``spec.pod``: what the inference pods may add; the operator owns the rest (docs/operator.md)."""
+
+    env: list[EnvVar] | None = Field(default=None, max_length=64)
+    env_from: list[EnvFromSource] | None = Field(default=None, max_length=16)
+    volumes: list[Annotated[dict[str, Any], AfterValidator(_volume)]] | None = Field(default=None, max_length=32)
+    volume_mounts: list[VolumeMount] | None = Field(default=None, max_length=32)
+    labels: Annotated[dict[LabelKey, LabelValue], AfterValidator(_pod_labels)] | None = Field(
+        default=None, max_length=32
+    )
+    annotations: (
+        Annotated[dict[str, Annotated[str, Field(max_length=4096)]], AfterValidator(_pod_annotations)] | None
+    ) = Field(default=None, max_length=32)
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(default=None, max_length=8)
+    shm_size: Quantity | None = None
+    security_context: PodSecurityOverrides | None = None
+
+    @model_validator(mode="after")
+    def _rules(self) -> PodTemplateSpec:
+        names = [e.name for e in self.env or []]
+        if len(set(names)) != len(names):
+            raise ValueError("pod.env names must be unique")
+        volumes = [str(v["name"]) for v in self.volumes or []]
+        if len(set(volumes)) != len(volumes):
+            raise ValueError("pod.volumes names must be unique")
+        for m in self.volume_mounts or []:
+            if m.name not in volumes:
+                raise ValueError("every pod.volumeMounts name must be a pod.volumes name")
+        if self.shm_size is not None and parse_quantity(self.shm_size) <= 0:
+            raise ValueError("shmSize must be positive")
+        return self
+
+    def secret_names(self) -> list[str]:
+        """Every Secret this template hands to the pods (env, envFrom, volumes, projections)."""
+        out: list[str] = []
+        for e in self.env or []:
+            ref = (e.value_from or {}).get("secretKeyRef") or {}
+            if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                out.append(ref["name"])
+        out += [f.secret_ref.name for f in self.env_from or [] if f.secret_ref is not None]
+        for v in self.volumes or []:
+            secret = v.get("secret") or {}
+            if isinstance(secret, dict) and isinstance(secret.get("secretName"), str):
+                out.append(secret["secretName"])
+            for p in (v.get("projected") or {}).get("sources") or []:
+                ref = p.get("secret") if isinstance(p, dict) else None
+                if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                    out.append(ref["name"])
+        return sorted(set(out))
+
+
+_SURGE = re.compile(r"[0-9]+%?")
+
+
+def _surge(v: int | str) -> int | str:
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError("must not be negative")
+        return v
+    if not _SURGE.fullmatch(v):
+        raise ValueError(f"{v!r} must be a number or a percentage")
+    return v
+
+
+Surge = Annotated[int | str, AfterValidator(_surge)]
+
+
+class RolloutSpec(_Model):
+    """``spec.rollout``: the Deployment's rolling update."""
+
+    max_surge: Surge = 1
+    max_unavailable: Surge = 0
+
+    @model_validator(mode="after")
+    def _rules(self) -> RolloutSpec:
+        if str(self.max_surge) in ("0", "0%") and str(self.max_unavailable) in ("0", "0%"):
+            raise ValueError("rollout.maxSurge and rollout.maxUnavailable must not both be 0")
+        return self
+
+    def surge_pods(self, replicas: int) -> int:
+        """Pods above ``replicas`` a rollout may add (a percentage rounds up, as the Deployment does)."""
+        if isinstance(self.max_surge, int):
+            return self.max_surge
+        text = self.max_surge
+        if text.endswith("%"):
+            return -(-replicas * int(text[:-1]) // 100)
+        return int(text)
+
+
 class InferenceServiceSpec(_Model):
     """``spec`` of an InferenceService, defaults applied. Cross-field rules mirror the CRD's CEL."""
 
@@ -549,6 +759,8 @@ class InferenceServiceSpec(_Model):
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    pod: PodTemplateSpec | None = None
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
     @model_validator(mode="after")
     def _cross(self) -> InferenceServiceSpec:

@@ -315,6 +315,31 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
             _model(format="onnx", storageUri="s3://models/m/", s3={"credentialsSecret": "Not_A_Name"}),
             "spec.model.s3.credentialsSecret",
         ),
+        # issue 22 §3: spec.pod and spec.rollout
+        (
+            {"pod": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}},
+            "a pod volume is exactly one of configMap, secret, emptyDir, persistentVolumeClaim, projected or",
+        ),
+        (
+            {"pod": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}},
+            "a projected volume must not hold a serviceAccountToken",
+        ),
+        ({"pod": {"volumes": [{"name": "keys", "emptyDir": {}}]}}, "are the operator's"),
+        (
+            {"pod": {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]}},
+            "mountPath must not hide a path the pod needs",
+        ),
+        ({"pod": {"volumeMounts": [{"name": "v", "mountPath": "/data"}]}}, "every pod.volumeMounts name must be"),
+        ({"pod": {"env": [{"name": "SLUICEWAY_LOG_LEVEL", "value": "debug"}]}}, "pod.env must not set HOME, POD_NAME"),
+        ({"pod": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}, "pod.env names must be unique"),
+        ({"pod": {"labels": {"sluiceway.io/inferenceservice": "x"}}}, "pod.labels must not set app.kubernetes.io/*"),
+        ({"pod": {"annotations": {"sluiceway.io/config-hash": "x"}}}, "pod.annotations must not set sluiceway.io/*"),
+        ({"pod": {"shmSize": "-1Gi"}}, "spec.pod.shmSize"),
+        ({"pod": {"securityContext": {"platformAssignsIds": True, "fsGroup": 5}}}, "platformAssignsIds leaves the ids"),
+        ({"pod": {"securityContext": {"runAsUser": 0}}}, "spec.pod.securityContext.runAsUser"),
+        ({"rollout": {"maxSurge": 0}}, "rollout.maxSurge and rollout.maxUnavailable must not both be 0"),
+        ({"rollout": {"maxSurge": "0%", "maxUnavailable": "0"}}, "must not both be 0"),
+        ({"rollout": {"maxUnavailable": "lots"}}, "spec.rollout.maxUnavailable"),
     ],
 )
 def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], message: str) -> None:
@@ -847,3 +872,43 @@ def test_model_from_s3_credentials_consent_and_fetch_failure_in_status(admin: Ad
     for text in (str(obj["status"]), str(events), str(cm), str(dep)):
         assert secret_key not in text and "AKIDSTORE" not in text
     admin.call("DELETE", _path("fetched"))
+
+
+
+# ------------------------------------------------------------------------------------ spec.pod
+
+
+def test_pod_template_secrets_need_consent_and_the_children_pass_the_api_server(
+    admin: Admin, operator_process: Path
+) -> None:
+    """Issue 22 §3: a Secret spec.pod hands to the pods must opt in (label), else ConfigValid=False
+    (PodSecretUnavailable) and nothing is written; labelled, the operator applies a Deployment with
+    every addition, which the API server admits (its own validation of env, volumes, spread)."""
+    cr = load_case("podtemplate")
+    admin.create(
+        f"/api/v1/namespaces/{NS}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ranker-features"}, "stringData": {"token": "t"}},
+    )
+    admin.create(_path(), {**_isvc("ranker"), "spec": cr["spec"]})
+
+    def config_valid(status: str) -> Any:
+        c = _cond(admin.get(_path("ranker")), "ConfigValid")
+        return c if c and c["status"] == status else None
+
+    c = wait_for(lambda: config_valid("False"), 30, what="ConfigValid=False (unlabelled Secret)")
+    assert c["reason"] == "PodSecretUnavailable" and "ranker-features" in c["message"]
+    assert _children(admin, "ranker")["Deployment"] is None
+    admin.call(
+        "PATCH",
+        f"/api/v1/namespaces/{NS}/secrets/ranker-features",
+        body=[{"op": "add", "path": "/metadata/labels", "value": {"sluiceway.io/pod-secret": "true"}}],
+    )
+    wait_for(lambda: config_valid("True"), 30, what="ConfigValid=True once labelled")
+    dep = wait_for(lambda: _children(admin, "ranker")["Deployment"], 30, what="Deployment")
+    tpl = dep["spec"]["template"]
+    assert tpl["metadata"]["labels"]["team"] == "search"
+    assert "runAsUser" not in tpl["spec"]["securityContext"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in tpl["spec"]["volumes"]
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    wait_for(lambda: len(_pods(admin, "ranker")) == 4, 60, what="4 pods from the ReplicaSet")
+    admin.call("DELETE", _path("ranker"))

@@ -710,3 +710,95 @@ def test_bad_model_sources_are_spec_errors(model: dict[str, Any], message: str) 
 def test_more_than_one_gpu_is_refused() -> None:
     with pytest.raises(SpecError, match="one device until multi-device runners exist"):
         parse_spec({"model": {"image": "i", "format": "demo", "source": "demo"}, "resources": {"gpus": 2}})
+
+
+# -- spec.pod and spec.rollout (issue 22 §3) -------------------------------------------------------------
+
+
+def test_pod_template_additions_keep_what_the_operator_owns() -> None:
+    """spec.pod adds env, envFrom, volumes, labels, annotations, spread, /dev/shm and drops the ids;
+    the command, ports, probes, config/key/tmp mounts, selector labels, hash and hardening stay."""
+    base = _by_kind(_render_case("minimal").manifests)["Deployment"]["spec"]["template"]
+    dep = _by_kind(_render_case("podtemplate").manifests)["Deployment"]
+    tpl = dep["spec"]["template"]
+    pod, (c,) = tpl["spec"], tpl["spec"]["containers"]
+    (c0,) = base["spec"]["containers"]
+    owned_fields = ("command", "ports", "startupProbe", "livenessProbe", "readinessProbe", "lifecycle")
+    owned_fields += ("securityContext",)
+    for owned in owned_fields:
+        assert c[owned] == c0[owned], owned
+    assert c["env"][0] == {"name": "HOME", "value": "/tmp"}
+    assert {"name": "OMP_NUM_THREADS", "value": "4"} in c["env"]
+    assert c["envFrom"] == [{"prefix": "RANKER_", "configMapRef": {"name": "ranker-settings"}}]
+    assert c["volumeMounts"][:3] == c0["volumeMounts"]  # config, keys, /tmp first, unchanged
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert {"name": "vocab", "configMap": {"name": "ranker-vocab"}} in pod["volumes"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= tpl["metadata"]["labels"].items()
+    assert tpl["metadata"]["labels"]["team"] == "search"
+    assert tpl["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == _render_case("podtemplate").config_hash
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_explicit_ids_and_percent_surge() -> None:
+    spec = {
+        "model": {"image": "i", "format": "demo", "source": "demo"},
+        "pod": {"securityContext": {"runAsUser": 1000, "fsGroup": 2000}},
+        "rollout": {"maxSurge": "25%", "maxUnavailable": 0},
+        "autoscaling": {"engine": "none"},
+        "replicas": 8,
+    }
+    parsed = parse_spec(spec)
+    dep = _by_kind(render(Owner("d", "n", "u"), parsed, {}, ENV).manifests)["Deployment"]
+    sc = dep["spec"]["template"]["spec"]["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["fsGroup"], sc["runAsNonRoot"]) == (1000, 65532, 2000, True)
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == "25%"
+    assert parsed.rollout.surge_pods(8) == 2 and parsed.rollout.surge_pods(9) == 3  # rounds up, as the Deployment
+
+
+@pytest.mark.parametrize(
+    ("pod", "message"),
+    [
+        ({"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}, "hostPath and other sources are not allowed"),
+        ({"volumes": [{"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]},
+         "no serviceAccountToken projection"),
+        ({"volumes": [{"name": "config", "emptyDir": {}}]}, "are the operator's"),
+        ({"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/sluiceway"}]},
+         "would hide a path the pod needs"),
+        ({"volumeMounts": [{"name": "nope", "mountPath": "/data"}]}, "every pod.volumeMounts name must be"),
+        ({"env": [{"name": "SLUICEWAY_QUEUE_MAX_DEPTH", "value": "1"}]}, "must not set HOME, POD_NAME or SLUICEWAY_*"),
+        ({"labels": {"app.kubernetes.io/name": "x"}}, "must not set app.kubernetes.io/* or sluiceway.io/* keys"),
+        ({"annotations": {"sluiceway.io/config-hash": "x"}}, "must not set sluiceway.io/* keys"),
+        ({"securityContext": {"platformAssignsIds": True, "runAsUser": 5}}, "platformAssignsIds leaves the ids"),
+        ({"envFrom": [{"prefix": "SLUICEWAY_", "configMapRef": {"name": "c"}}]}, "must not start with SLUICEWAY_"),
+    ],
+)
+def test_pod_template_refusals(pod: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_spec({"model": {"image": "i", "format": "demo", "source": "demo"}, "pod": pod})
+
+
+def test_rollout_needs_surge_or_unavailable() -> None:
+    with pytest.raises(SpecError, match="must not both be 0"):
+        parse_spec({"model": {"image": "i", "format": "demo", "source": "demo"}, "rollout": {"maxSurge": 0}})
+
+
+def test_pod_secret_names_are_every_reference() -> None:
+    pod = parse_spec(load_case("podtemplate")["spec"]).pod
+    assert pod is not None and pod.secret_names() == ["ranker-features"]
+    spec = parse_spec(
+        {
+            "model": {"image": "i", "format": "demo", "source": "demo"},
+            "pod": {
+                "envFrom": [{"secretRef": {"name": "a"}}],
+                "volumes": [
+                    {"name": "s", "secret": {"secretName": "b"}},
+                    {"name": "p", "projected": {"sources": [{"secret": {"name": "c"}}, {"configMap": {"name": "d"}}]}},
+                ],
+            },
+        }
+    )
+    assert spec.pod is not None and spec.pod.secret_names() == ["a", "b", "c"]
