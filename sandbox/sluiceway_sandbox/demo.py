@@ -11,7 +11,8 @@ each request to a random ready endpoint, the spread a per-request balancer gives
 (new replicas take load as they become ready) holds only with such a balancer, and the sandbox has
 none yet (the gateway, issue 19, is not deployed in it). ``keepalive`` sends through the Service's
 ClusterIP over keep-alive connections, as real clients do: kube-proxy picks a pod per connection,
-so the replicas KEDA adds get next to nothing (docs/sandbox.md). Every second it
+so the replicas KEDA adds get load only from connections opened after they are ready -- under the
+3x overload, those that clients reopen after a request timed out (docs/sandbox.md). Every second it
 shows offered rate, goodput, answers by code and reason, queue depth and wait p95 (from Prometheus),
 desired and ready replicas. It ends with a report in numbers and a PNG plot, and tears the sandbox
 down unless ``keep``.
@@ -510,7 +511,8 @@ def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
     p.add_argument("--clients", choices=CLIENT_MODES, default=DEFAULT_CLIENTS,
                    help="per-request (default): each request to a random ready pod, as a per-request "
                    "balancer spreads it; keepalive: keep-alive clients through the Service's ClusterIP, "
-                   "as real clients call it (kube-proxy picks a pod per connection: added replicas stay idle)")
+                   "as real clients call it (kube-proxy picks a pod per connection: added replicas get "
+                   "only the connections opened after they are ready)")
     return p
 
 
