@@ -29,6 +29,7 @@ def test_sample_capacity_matches_the_ramp() -> None:
     docs = [d for d in yaml.safe_load_all(SAMPLE.read_text()) if d]
     (isvc,) = [d for d in docs if d["kind"] == "InferenceService"]
     spec = parse_spec(isvc["spec"])
+    assert spec.model.source is not None, spec.model
     ms = float(spec.model.source.removeprefix("synthetic:"))
     assert spec.model.format == "synthetic"
     permits = spec.concurrency.permits

@@ -119,7 +119,7 @@ def test_keda_operator_runs_under_its_own_rbac(control_plane: ControlPlane, tmp_
             assert proc.poll() is None, log.read_text()[-4000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r:
-                    return r.status == 200
+                    return bool(r.status == 200)
             except OSError:
                 return False
 
