@@ -49,6 +49,7 @@ __all__ = [
     "Hpa",
     "HpaBehavior",
     "HpaUtilisation",
+    "KedaHttp",
     "KedaPrometheus",
     "KedaPrometheusQueue",
     "Kpa",
@@ -56,6 +57,7 @@ __all__ = [
     "OursBuiltin",
     "OursGateway",
     "OursKeda",
+    "OursZero",
     "RayServe",
     "default_spec",
     "spec_at_029d718",
@@ -188,11 +190,18 @@ def spec_at_029d718(max_replicas: int) -> ScalingSpec:
     return replace(base, scale_down=replace(base.scale_down, max_percent=None, release_window=None))
 
 
-def _signals(t: int, prom: Prometheus, predictive: bool, window: int, pod_polls: bool = False) -> Signals:
-    """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window."""
+def _signals(
+    t: int, prom: Prometheus, predictive: bool, window: int, pod_polls: bool = False, count_held: bool = False
+) -> Signals:
+    """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window.
+    ``count_held``: the requests held at the gateway count with the requests in the pods (issue 20:
+    the demand term counts held requests)."""
     q = prom.queue_depth(t)
     if q is None:
         return Signals(queue_depth=None, ok=False, detail="no scrape yet or the query failed")
+    in_pods = prom.concurrency_live(t) if pod_polls else prom.concurrency(t)
+    if count_held and in_pods is not None:
+        in_pods += prom.held(t) or 0.0
     return Signals(
         queue_depth=q,
         wait_p95=prom.wait_p95(t, window),
@@ -204,7 +213,7 @@ def _signals(t: int, prom: Prometheus, predictive: bool, window: int, pod_polls:
         offered_rate=prom.offered_rate(t, window),
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
-        requests_in_pods=prom.concurrency_live(t) if pod_polls else prom.concurrency(t),
+        requests_in_pods=in_pods,
     )
 
 
@@ -283,13 +292,15 @@ class OursKeda:
     polling_offset: int = 7
     #: the scaler reads the requests in the pods from the pods themselves (``podMetricsUrls``)
     pod_polls: bool = False
+    #: the scaler adds the gateway's held requests to the requests in the pods (issue 20)
+    count_held: bool = False
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
     _hpa: Hpa | None = None
 
     def _scaler(self, t: int, prom: Prometheus, pool: PodPool) -> int:
         current = pool.target if self._last is None else self._last
-        signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls)
+        signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held)
         d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas
@@ -337,6 +348,75 @@ def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: 
         down_period=down.period,
         down_select="Max" if down.max_percent is not None else "Min",
     )
+
+
+@dataclass
+class OursZero:
+    """Ours with ``minReplicas: 0`` behind the gateway's hold queue (issue 20): KEDA owns 0 <-> 1,
+    the HPA (``inner``, ours-keda) 1 <-> N.
+
+    - **Activation**: the scaler's ``StreamIsActive`` (``external-push``, polled every
+      ``activationPollInterval``, 1 s) reports active while the gateway holds a request, a request is
+      in a pod, or one arrived in the last second (one refused at once for its deadline included: a
+      service whose requests all have deadlines shorter than its start-up must still wake up); KEDA
+      scales 0 -> 1 on the push.
+    - **Scale to zero**: KEDA's ``cooldownPeriod`` = ``spec.autoscaling.scaleToZeroAfter`` after the
+      last active report, and never while a request is held or in flight or a pod is loading.
+    - While at zero the HPA is off (``ScalingDisabled``), so ``inner`` is not asked."""
+
+    inner: OursKeda
+    scale_to_zero_after: float = 300.0
+    interval: int = 1
+    name: str = "ours-keda"
+    _last_active: float = -math.inf
+
+    def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
+        s = t - 1
+        pending = prom.edge_pending(t) or 0.0
+        active = pending > 1e-9 or (s >= 0 and prom.rec.arrived[s] > 0)
+        if active:
+            self._last_active = s
+        if pool.target == 0:
+            return 1 if active else None
+        if not active and pool.starting == 0 and s - self._last_active >= self.scale_to_zero_after:
+            return 0
+        return self.inner.decide(t, prom, pool)
+
+
+@dataclass
+class KedaHttp:
+    """KEDA's HTTP add-on: the interceptor counts the requests pending per route (held + in the
+    pods) and its scaler pushes them to KEDA (``external-push``, every 200 ms: exact and current
+    here). KEDA activates 0 -> 1 when the count is above 0 and scales to 0 once ``scaledownPeriod``
+    (300 s, KEDA's ``cooldownPeriod``) has passed since the last active report; 1 <-> N is the HPA's
+    legacy path on the count against ``target`` per replica (AverageValue)."""
+
+    target: float
+    min_replicas: int
+    max_replicas: int
+    scaledown_period: float = 300.0
+    interval: int = 1
+    name: str = "keda-http"
+    hpa_sync: int = HPA_SYNC
+    _hpa: Hpa | None = None
+    _last_active: float = -math.inf
+
+    def decide(self, t: int, prom: Prometheus, pool: PodPool) -> int | None:
+        if self._hpa is None:
+            self._hpa = Hpa(max(1, self.min_replicas), self.max_replicas, None)
+        s = t - 1
+        pending = prom.edge_pending(t) or 0.0
+        if pending > 1e-9:
+            self._last_active = s
+        if pool.target == 0:
+            return 1 if pending > 1e-9 else None
+        if self.min_replicas == 0 and s - self._last_active >= self.scaledown_period:
+            return 0
+        if s % self.hpa_sync:
+            return None
+        ratio = pending / (self.target * max(1, pool.total))
+        raw = pool.target if self._hpa.within_tolerance(ratio) else ceil_div(pending, self.target)
+        return self._hpa.apply(t, pool.target, raw)
 
 
 # --------------------------------------------------------------------------------------- peers
@@ -441,8 +521,12 @@ class Kpa:
     max_up_rate: float = 1000.0
     max_down_rate: float = 2.0
     target_burst_capacity: float = 200.0
+    #: ``scale-to-zero-grace-period`` (30 s): with ``min_replicas`` 0, a want of 0 is applied only
+    #: once it has lasted this long (the activator put in the path first); until then 1 pod stays
+    scale_to_zero_grace: float = 30.0
     _panic_time: float | None = None
     _max_panic_pods: int = 0
+    _zero_since: float | None = None
 
     def step(self, t: int, stable_total: float, panic_total: float, ready_pods: int) -> int:
         """One decision from the window averages of the total concurrency (pure but for the panic
@@ -475,7 +559,14 @@ class Kpa:
         panic = prom.total_concurrency(t, self.panic)
         if stable is None or panic is None:
             return None
-        return self.step(t, stable, panic, pool.ready)
+        want = self.step(t, stable, panic, pool.ready)
+        if want > 0 or pool.target == 0:
+            self._zero_since = None
+            return want
+        # scale to zero (``pkg/reconciler/autoscaling/kpa/scaler.go``): after the grace period
+        if self._zero_since is None:
+            self._zero_since = t
+        return 0 if t - self._zero_since >= self.scale_to_zero_grace else 1
 
 
 @dataclass
@@ -516,6 +607,15 @@ class RayServe:
         if t - self._last_push >= self.metrics_interval:
             self._last_push = t
             self._last_metric = prom.total_concurrency(t, self.look_back)
+        if pool.ready == 0 and self.min_replicas == 0:
+            # no replica running: a request queued at a handle scales to max(ceil(upscaling_factor),
+            # current target) at once (``_calculate_desired_num_replicas``; the handle reports it
+            # without waiting for the 10 s push since ray PR #38351)
+            live = prom.total_concurrency(t, 1)
+            if pool.target == 0 and live is not None and live > 0:
+                self._up = self._down = 0
+                return max(math.ceil(self.upscaling_factor), 1)
+            return None
         if self._last_metric is None or pool.ready == 0:
             return None
         desired = self.desired(self._last_metric, pool.ready)

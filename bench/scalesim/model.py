@@ -140,6 +140,7 @@ class StepResult:
     busy: float  # permit-seconds used in this step
     in_service: float  # mean requests running (Little: served * S)
     late: float = 0.0  # of ``served``: answered after the request's deadline (``ServiceModel.slo``)
+    held: float = 0.0  # held at the edge at the end of the step (``bench.scalesim.edge``)
 
 
 class FluidQueue:
@@ -227,6 +228,7 @@ class PodPool:
         self.rng = rng
         self.ready = initial
         self._pods: dict[int, tuple[float, float]] = {}  # starting pod -> (scraped at, ready at)
+        self._asked: dict[int, float] = {}  # starting pod -> when it was asked for
         self._by_ready: list[tuple[float, int]] = []  # heap; lazily cleaned of cancelled pods
         self._by_scraped: list[tuple[float, int]] = []
         self._warm: set[int] = set()
@@ -253,6 +255,10 @@ class PodPool:
     def total(self) -> int:
         return self.ready + len(self._pods)
 
+    def first_asked(self) -> float | None:
+        """When the longest-starting pod was asked for (None: no pod is starting)."""
+        return min(self._asked.values()) if self._asked else None
+
     def set_target(self, n: int, now: int) -> None:
         n = max(0, n)
         if n == self.target:
@@ -266,6 +272,7 @@ class PodPool:
                 scraped, ready = self.model.startup.sample_phases(self.rng)
                 self._ids += 1
                 self._pods[self._ids] = (now + scraped, now + ready)
+                self._asked[self._ids] = now
                 heapq.heappush(self._by_ready, (now + ready, self._ids))
                 heapq.heappush(self._by_scraped, (now + scraped, self._ids))
         elif n < have:
@@ -275,6 +282,7 @@ class PodPool:
                 last = sorted(self._pods, key=lambda i: self._pods[i][1], reverse=True)[:drop]
                 for i in last:
                     del self._pods[i]
+                    self._asked.pop(i, None)
                     self._warm.discard(i)
                 drop -= len(last)
             self.ready -= drop
@@ -287,6 +295,7 @@ class PodPool:
         while self._by_ready and self._by_ready[0][0] <= now:
             _, i = heapq.heappop(self._by_ready)
             if self._pods.pop(i, None) is not None:
+                self._asked.pop(i, None)
                 self._warm.discard(i)
                 self.ready += 1
         self.gpu_seconds += self.total * self.model.gpus_per_replica
@@ -310,9 +319,12 @@ class Record:
     scraped: np.ndarray = field(init=False)  # ready + warming pods (served /metrics)
     total: np.ndarray = field(init=False)
     target: np.ndarray = field(init=False)
+    held: np.ndarray = field(init=False)  # held at the edge (0 without one)
 
     def __post_init__(self) -> None:
-        for name in ("arrived", "refused", "expired", "served", "queue", "wait_p95", "busy", "in_service", "late"):
+        for name in (
+            "arrived", "refused", "expired", "served", "queue", "wait_p95", "busy", "in_service", "late", "held",
+        ):
             setattr(self, name, np.zeros(self.seconds))
         for name in ("ready", "scraped", "total", "target"):
             setattr(self, name, np.zeros(self.seconds, dtype=np.int64))
@@ -327,6 +339,7 @@ class Record:
         self.busy[t] = r.busy
         self.in_service[t] = r.in_service
         self.late[t] = r.late
+        self.held[t] = r.held
         self.ready[t] = pool.ready
         self.scraped[t] = pool.scraped
         self.total[t] = pool.total

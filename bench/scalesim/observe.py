@@ -109,13 +109,28 @@ class Prometheus:
         return float(self.rec.arrived[max(0, t - window) : t].mean())
 
     def total_concurrency(self, t: int, window: int) -> float | None:
-        """Mean over the last ``window`` seconds of the requests in all pods (running + queued):
-        Knative's collector (1-s scrapes of every pod scaled to the revision's total) and Ray
-        Serve's ongoing requests. No Prometheus lag."""
+        """Mean over the last ``window`` seconds of the requests in all pods (running + queued) and
+        those held at the edge (0 without one): Knative's collector (1-s scrapes of every pod scaled
+        to the revision's total, the activator's buffered requests included) and Ray Serve's ongoing
+        requests (the handles' queued ones included). No Prometheus lag."""
         if t <= 0:
             return None
         lo = max(0, t - window)
-        return float((self.rec.queue[lo:t] + self.rec.in_service[lo:t]).mean())
+        return float((self.rec.queue[lo:t] + self.rec.in_service[lo:t] + self.rec.held[lo:t]).mean())
+
+    def held(self, t: int) -> float | None:
+        """Requests held at the edge at the last scrape (our gateway's
+        ``sluiceway_gateway_held_requests``; 0 without an edge)."""
+        s = self.scrape_at(t)
+        return None if s < 0 or self.failed(t) else float(self.rec.held[s])
+
+    def edge_pending(self, t: int) -> float | None:
+        """Requests held at the edge plus those in the pods at the last whole second, as the edge
+        counts them (our gateway, KEDA's interceptor): exact and current."""
+        if t <= 0:
+            return None
+        s = t - 1
+        return float(self.rec.held[s] + self.rec.queue[s] + self.rec.in_service[s])
 
     def wait_p95(self, t: int, window: int | None = None) -> float | None:
         """95th percentile queue wait over the window (None: nothing was admitted)."""

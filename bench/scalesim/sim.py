@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from .controllers import Controller
+from .edge import Edge, HoldSpec, cold_start_estimate
 from .model import FluidQueue, PodPool, Record, ServiceModel, ceil_div
 from .observe import Prometheus
 
@@ -42,6 +43,15 @@ class Scores:
     scale_events: int
     flaps: int
     peak_replicas: int
+    # with an edge (``run(edge=...)``), shares of the offered requests, and the hold times
+    held_share: float = 0.0  # entered the hold queue
+    refused_early: float = 0.0  # refused at once, predicted past the deadline (503 + Retry-After)
+    refused_full: float = 0.0  # refused at once, over the hold bound
+    timed_out: float = 0.0  # held until the deadline, then refused (504 / the client gave up)
+    hold_p50: float = 0.0  # seconds held, over the held requests handed off to a pod
+    hold_p99: float = 0.0
+    cold_starts: int = 0  # scale-ups from zero
+    zero_share: float = 0.0  # of the trace's seconds with no pod asked for
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -81,21 +91,31 @@ def run(
     rate_window: int = 120,
     scrape_failure: float = 0.01,
     query_failure: float = 0.002,
+    edge: HoldSpec | None = None,
 ) -> tuple[Scores, Record]:
+    """One run. ``edge``: a hold queue in front of the pods (``bench.scalesim.edge``); without one a
+    request no pod can take is refused, as before issue 20."""
     seconds = int(arrived.shape[0])
     rng = np.random.default_rng(seed + 1000)  # start-up delays: same stream for every policy
     pool = PodPool(model, initial_replicas(float(rate[0]), model), rng)
     queue = FluidQueue(model)
+    hold = None if edge is None else Edge(edge, model, queue, cold_start_estimate(model))
     rec = Record(seconds)
     prom = Prometheus(rec, model, scrape_interval, rate_window, scrape_failure, query_failure, seed)
     interval = max(1, controller.interval)
+    cold_starts = zero_seconds = 0
     for t in range(seconds):
         pool.tick(t)
-        r = queue.step(float(arrived[t]), pool.ready, float(rate[t]))
+        if hold is None:
+            r = queue.step(float(arrived[t]), pool.ready, float(rate[t]))
+        else:
+            r = hold.step(t, float(arrived[t]), pool, float(rate[t]))
         rec.put(t, r, pool)
+        zero_seconds += pool.target == 0
         if t % interval == 0:
             want = controller.decide(t + 1, prom, pool)
             if want is not None:
+                cold_starts += pool.target == 0 and want > 0
                 pool.set_target(want, t)
     offered = float(rec.arrived.sum())
     served = float(rec.served.sum())
@@ -116,6 +136,19 @@ def run(
         flaps=_flaps(pool.directions),
         peak_replicas=int(rec.total.max()),
     )
+    if hold is not None:
+        st = hold.stats
+        scores = replace(
+            scores,
+            held_share=st.held / offered if offered else 0.0,
+            refused_early=st.refused_early / offered if offered else 0.0,
+            refused_full=st.refused_full / offered if offered else 0.0,
+            timed_out=st.timed_out / offered if offered else 0.0,
+            hold_p50=st.hold_quantile(0.5),
+            hold_p99=st.hold_quantile(0.99),
+            cold_starts=cold_starts,
+            zero_share=zero_seconds / seconds if seconds else 0.0,
+        )
     return scores, rec
 
 

@@ -19,6 +19,10 @@ Shapes (``peak`` is the highest rate; ``base`` the quiet rate):
 - ``bursty`` (issue 21): a mean that wanders between ``base`` and ``peak`` over hours, times a
   lognormal factor per minute (sigma 0.4, seeded), with 3-minute bursts of 3x every 25-50 minutes
   (seeded): the burstiness of production LLM traces (BurstGPT, Azure LLM), shorter than a start-up.
+- ``idle`` (issue 20): an idle-heavy service, for scale to zero: idle gaps of 30-120 minutes with a
+  lone request now and then (one per 30 minutes on average), and bursts of 1-5 minutes at 25-100 %
+  of ``peak`` between them (seeded). Not in ``TRACES`` (the scaling goal's six): ``bench.scalesim.zero``
+  runs it.
 - ``csv:PATH``: replay of users' own logs. One request timestamp (seconds, float) per line, first
   column; a header line and ``#`` comments are skipped. Counts per second become the rate.
 """
@@ -118,6 +122,17 @@ def bursty(seconds: int, base: float, peak: float, seed: int) -> Trace:
     return Trace("bursty", np.clip(rate, 0.0, peak))
 
 
+def idle(seconds: int, peak: float, seed: int) -> Trace:
+    rng = np.random.default_rng(seed + 13)
+    rate = np.full(seconds, 1.0 / 1800.0)  # a lone request every 30 minutes on average
+    at = int(rng.integers(600, 3600))
+    while at < seconds:
+        length = int(rng.integers(60, 301))
+        rate[at : at + length] = peak * float(rng.uniform(0.25, 1.0))
+        at += length + int(rng.integers(1800, 7201))
+    return Trace("idle", rate)
+
+
 def read_csv_trace(path: str | Path) -> Trace:
     """Request timestamps (seconds) -> per-second rate. Raises ValueError naming the bad line."""
     stamps: list[float] = []
@@ -143,7 +158,7 @@ def read_csv_trace(path: str | Path) -> Trace:
 
 
 def make_trace(spec: str, seconds: int, peak: float, seed: int) -> Trace:
-    """``diurnal|flash|ramp|onoff|stairs|bursty|csv:PATH``; ``peak`` in requests/s (ignored for csv)."""
+    """``diurnal|flash|ramp|onoff|stairs|bursty|idle|csv:PATH``; ``peak`` in requests/s (ignored for csv)."""
     if spec.startswith("csv:"):
         return read_csv_trace(spec[4:])
     base = peak / 10.0
@@ -159,7 +174,9 @@ def make_trace(spec: str, seconds: int, peak: float, seed: int) -> Trace:
         return stairs(seconds, base, peak, seed)
     if spec == "bursty":
         return bursty(seconds, base, peak, seed)
-    raise ValueError(f"unknown trace {spec!r} ({', '.join(TRACES)}, csv:PATH)")
+    if spec == "idle":
+        return idle(seconds, peak, seed)
+    raise ValueError(f"unknown trace {spec!r} ({', '.join(TRACES)}, idle, csv:PATH)")
 
 
 def arrivals(trace: Trace, seed: int) -> np.ndarray:
