@@ -14,10 +14,10 @@ The model, once per simulated second (:meth:`Edge.step`):
    never lost, never computed.
 2. While anything is held or no pod is ready, the second's arrivals join the hold queue behind what
    is held (FIFO in cohorts of one second). Over the bound: refused at once (503 ``hold_full``).
-   With ``predicts`` (ours): the edge predicts when a request would be answered (the time left of
-   the start-up estimate for a pod already starting, or the whole estimate, plus the time to drain
-   what is held ahead of it at the pods' rate) and refuses at once, with ``Retry-After``, the part
-   of the cohort it predicts past the deadline.
+   With ``predicts`` (ours): the edge predicts when a request would be answered (the ready pods'
+   rate, and each starting pod's from the time left of its start-up estimate, draining what is held
+   ahead of it) and refuses at once, with ``Retry-After``, the part of the cohort it predicts past
+   the deadline.
 3. With ready pods, held requests are handed off at the rate the pods take them: the pods first
    finish their own queue, then each second's spare completions take held requests oldest first
    (the hand-off never fills the pods' queues, so the pods refuse none of them). A held request is
@@ -112,16 +112,6 @@ class Edge:
         t = self.spec.timeout
         return self.model.slo if t is None else min(self.model.slo, t)
 
-    def time_to_ready(self, t: int, pool: PodPool) -> float:
-        """Predicted seconds until a pod serves: 0 with one ready; else the estimate's rest for the
-        pod asked for first (0 once it is overdue), or the whole estimate if none is starting."""
-        if pool.ready > 0:
-            return 0.0
-        asked = pool.first_asked()
-        if asked is None:
-            return self.estimate
-        return max(0.0, self.estimate - (t - asked))
-
     def _expire(self, t: int) -> float:
         out = 0.0
         limit = self.limit
@@ -132,6 +122,20 @@ class Edge:
         self.stats.timed_out += out
         return out
 
+    def capacity_within(self, t: int, pool: PodPool, horizon: float) -> float:
+        """Requests the pods are predicted to complete in the next ``horizon`` seconds: the ready
+        pods all along, each starting pod from its predicted Ready (asked + estimate; at once when
+        overdue); at zero with no pod asked for yet, the one the activation asks for now."""
+        if horizon <= 0:
+            return 0.0
+        rate = self.model.replica_rate
+        total = pool.ready * rate * horizon
+        asked = pool.asked_times() or ([] if pool.ready else [float(t)])
+        for a in asked:
+            ready_in = max(0.0, self.estimate - (t - a))
+            total += rate * max(0.0, horizon - ready_in)
+        return total
+
     def _admit(self, t: int, n: float, pool: PodPool) -> float:
         """Hold ``n`` requests arriving at ``t``; returns how many were refused at once."""
         if n <= 0:
@@ -139,9 +143,7 @@ class Edge:
         refused = 0.0
         if self.spec.predicts:
             m = self.model
-            rate = max(1, pool.ready or pool.starting) * m.replica_rate
-            budget = m.slo - m.service_time - self.time_to_ready(t, pool)
-            fits = max(0.0, budget * rate - self.held) if budget > 0 else 0.0
+            fits = max(0.0, self.capacity_within(t, pool, m.slo - m.service_time) - self.held)
             early = max(0.0, n - fits)
             self.stats.refused_early += early
             refused += early

@@ -255,9 +255,9 @@ class PodPool:
     def total(self) -> int:
         return self.ready + len(self._pods)
 
-    def first_asked(self) -> float | None:
-        """When the longest-starting pod was asked for (None: no pod is starting)."""
-        return min(self._asked.values()) if self._asked else None
+    def asked_times(self) -> list[float]:
+        """When each starting pod was asked for."""
+        return list(self._asked.values())
 
     def set_target(self, n: int, now: int) -> None:
         n = max(0, n)
