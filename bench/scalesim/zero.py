@@ -2,7 +2,7 @@
 ``minReplicas`` 0 and 1, behind its own edge, on the on/off trace and the idle-heavy trace.
 
 Usage: ``python -m bench.scalesim.zero [--traces onoff,idle] [--startups short,long]
-[--deadlines 2,300] [--replicas N] [--hours H] [--idle-hours H] [--scale-to-zero-after S] [--seed S]``.
+[--deadlines 2,300] [--replicas N] [--hours H] [--idle-hours H] [--scale-to-zero-after S] [--seed S] [--plot DIR]``.
 
 For each trace, start-up and deadline it prints one table: GPU-hours and the on-time share of every
 policy at ``minReplicas`` 1 and 0, with what the edge did (held, refused at once, timed out, hold
@@ -30,13 +30,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from .compare import parse_startup
 from .controllers import Controller, KedaHttp, Kpa, OursKeda, OursZero, RayServe, default_spec, rendered_behavior
 from .edge import ACTIVATOR, GATEWAY, INTERCEPTOR, RAY_PROXY, HoldSpec
-from .model import ServiceModel
+from .model import Record, ServiceModel
 from .sim import Scores, run
 from .traces import arrivals, make_trace
 
@@ -88,19 +89,54 @@ def _ours(
 
 def run_zero(
     trace_name: str, seconds: int, replicas: int, model: ServiceModel, seed: int, after: float,
-    policies: Sequence[str] = ZERO_POLICIES,
+    policies: Sequence[str] = ZERO_POLICIES, plot: Path | None = None,
 ) -> list[tuple[int, Scores]]:
-    """Every policy at ``minReplicas`` 1 then 0 on one trace: [(min replicas, scores)]."""
+    """Every policy at ``minReplicas`` 1 then 0 on one trace: [(min replicas, scores)]. ``plot``: a
+    PNG of the replicas asked for over time at ``minReplicas`` 0, with the load."""
     peak = replicas * model.replica_rate * 0.8
     trace = make_trace(trace_name, seconds, peak, seed)
     arrived = arrivals(trace, seed)
     out: list[tuple[int, Scores]] = []
+    records: dict[str, Record] = {}
     for name in policies:
         for lo in (1, 0):
             ctl, edge = build_zero_policy(name, lo, model, 2 * replicas, after)
-            scores, _ = run(trace.name, trace.rate, arrived, ctl, model, seed=seed, edge=edge)
+            scores, rec = run(trace.name, trace.rate, arrived, ctl, model, seed=seed, edge=edge)
             out.append((lo, replace(scores, policy=name)))
+            if lo == 0:
+                records[name] = rec
+    if plot is not None:
+        _plot(trace.rate, records, model, plot)
     return out
+
+
+def _plot(rate: np.ndarray, records: dict[str, Record], model: ServiceModel, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, zoom) = plt.subplots(2, 1, figsize=(11, 8))
+    hours = np.arange(rate.shape[0]) / 3600.0
+    busy = np.flatnonzero(rate > 1.0)
+    lo = max(0, int(busy[0]) - 120) if busy.size else 0
+    hi = min(rate.shape[0], lo + 1200)
+    for a, sl in ((ax, slice(None)), (zoom, slice(lo, hi))):
+        a.plot(hours[sl], rate[sl] / model.replica_rate, color="black", lw=1.0, label="load (replicas at 100 %)")
+        for i, (name, rec) in enumerate(records.items()):
+            colour = f"C{i}"
+            a.plot(hours[sl], rec.total[sl], lw=0.8, color=colour, label=f"{name} (minReplicas 0)")
+            if a is zoom:
+                a.plot(hours[sl], rec.held[sl] / 1000.0, lw=0.7, ls=":", color=colour, label=f"{name}: held / 1000")
+        a.set_xlabel("hours")
+        a.set_ylabel("replicas asked for")
+    ax.set_title(f"scalesim.zero: {path.stem}, start-up {model.startup.label()}, deadline {model.slo:g} s")
+    zoom.set_title("the first burst (20 minutes)")
+    ax.legend(fontsize=7, ncol=2)
+    zoom.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def zero_table(rows: Sequence[tuple[int, Scores]]) -> str:
@@ -131,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scale-to-zero-after", type=float, default=SCALE_TO_ZERO_AFTER)
     ap.add_argument("--policies", default=",".join(ZERO_POLICIES))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--plot", default=None, help="directory for a PNG per table (minReplicas 0 over time)")
     args = ap.parse_args(argv)
     try:
         deadlines = [float(x) for x in args.deadlines.split(",") if x.strip()]
@@ -149,9 +186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for d in deadlines:
                     model = ServiceModel(startup=startup, slo=d)
                     started = time.perf_counter()
+                    png = None
+                    if args.plot:
+                        Path(args.plot).mkdir(parents=True, exist_ok=True)
+                        png = Path(args.plot) / f"zero-{trace}-{startup.label()}-{d:g}s.png"
                     rows = run_zero(
                         trace, int(hours * 3600), args.replicas, model, args.seed, args.scale_to_zero_after,
-                        policies,
+                        policies, png,
                     )
                     print(
                         f"\n**{trace}, {hours:g} h, start-up {startup.label()}, deadline {d:g} s**: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -153,10 +155,11 @@ def test_the_kpa_waits_the_grace_period_before_zero_and_ray_wakes_at_once() -> N
     assert ray.decide(150, prom, pool) == 1
 
 
-def test_cli_prints_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_tables(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["--traces", "idle", "--startups", "short", "--deadlines", "60", "--idle-hours", "1",
-                 "--replicas", "2", "--policies", "ours-keda,knative-kpa"]) == 0
+                 "--replicas", "2", "--policies", "ours-keda,knative-kpa", "--plot", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| ours-keda | 0 |" in out and "| knative-kpa | 1 |" in out
+    assert (tmp_path / "zero-idle-short-60s.png").stat().st_size > 10_000
     assert main(["--deadlines", "0"]) == 2
     assert main(["--policies", "hpa"]) == 2
