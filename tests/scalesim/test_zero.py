@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,16 @@ def test_cli_prints_the_tables(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert (tmp_path / "zero-idle-short-60s.png").stat().st_size > 10_000
     assert main(["--deadlines", "0"]) == 2
     assert main(["--policies", "hpa"]) == 2
+
+
+def test_the_gateways_prediction_counts_the_pods_starting_beside_a_ready_one() -> None:
+    """1 pod ready, 4 starting (estimate 20 s), 60 s deadline: the pods answer 1,196 + 3,264
+    requests in time, so 3,000 arriving at once are all held, none refused as predicted late."""
+    model = ServiceModel(startup=FIXED_20S, slo=60.0)
+    pool = PodPool(model, 1, np.random.default_rng(1))
+    pool.set_target(5, 0)
+    edge = Edge(replace(GATEWAY, max_requests=10_000.0), model, FluidQueue(model), estimate=20.0)
+    assert edge._admit(1, 3000.0, pool) == 0.0
+    assert edge.held == pytest.approx(3000.0)
+    # and what the five cannot answer in time is refused at once
+    assert edge._admit(1, 2000.0, pool) == pytest.approx(5000.0 - 4460.0)
