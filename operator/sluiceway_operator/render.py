@@ -84,6 +84,7 @@ __all__ = [
     "has_shared_quota",
     "keys_text",
     "model_spec",
+    "pod_config_hash",
     "pod_labels",
     "quota_token",
     "render",
@@ -574,8 +575,22 @@ def keys_text(key_hashes: Mapping[str, str], salt: bytes | None) -> str:
     return salted_keys_text(salt, key_hashes)
 
 
+def pod_config_hash(cfg: PodConfig) -> str:
+    """The pod template's ``sluiceway.io/config-hash``: what the pods read only at start, so a change
+    rolls them. The ``tenants`` section of ``config.yaml`` (keys aside: limits, weights, priority
+    ceilings, anonymous access, the defaults) and the key file ``keys.txt`` are not in it: the pods
+    reload both in place when the kubelet updates the mounted ConfigMap and Secret, so a rotated key
+    or a changed rate never restarts a GPU pod. The key file's path stays in (a restart setting).
+    With the quota coordinator the ``quota`` section (its charter holds the quotas) stays in too."""
+    data = cfg.model_dump(mode="json", by_alias=True, exclude_none=True)
+    tenants = data.pop("tenants", None) or {}
+    data["tenants"] = {"keysFile": tenants.get("keysFile")}
+    return config_hash(yaml.safe_dump(data, sort_keys=True), "")
+
+
 def config_hash(config_yaml: str, keys: str) -> str:
-    """Hash of everything the pods read at start; a change rolls the pods."""
+    """Hash of a config text and a key file (:func:`pod_config_hash` for the pods; the gateway's,
+    which restarts on either: cheap, no model)."""
     h = hashlib.sha256()
     h.update(config_yaml.encode())
     h.update(b"\0")
@@ -1242,7 +1257,7 @@ def render(
     cfg_yaml = cfg.to_yaml()
     keys = keys_text(key_hashes, salt)
     token = quota_token(owner, spec, env)
-    digest = config_hash(cfg_yaml, keys)
+    digest = pod_config_hash(cfg)
     engine = spec.autoscaling.engine
     owned_replicas: int | None
     if engine == "none":

@@ -499,6 +499,14 @@ def test_lifecycle(admin: Admin, operator_process: Path) -> None:
         60,
         what="children",
     )
+    # the replica count is applied after every child (its own field manager): wait for that apply too
+    dep_path = f"/apis/apps/v1/namespaces/{NS}/deployments/lifecycle"
+
+    def replicas_applied() -> bool:
+        return "sluiceway-operator-replicas" in {m["manager"] for m in admin.get(dep_path)["metadata"]["managedFields"]}
+
+    wait_for(replicas_applied, 30, what="the replica count applied")
+    children = _children(admin, "lifecycle")
     for kind, obj in children.items():
         if kind == "ScaledObject":
             assert obj is None  # engine none
@@ -912,3 +920,49 @@ def test_pod_template_secrets_need_consent_and_the_children_pass_the_api_server(
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     wait_for(lambda: len(_pods(admin, "ranker")) == 4, 60, what="4 pods from the ReplicaSet")
     admin.call("DELETE", _path("ranker"))
+
+
+# ----------------------------------------------------------------------- key rotation, no restart
+
+
+def test_key_rotation_and_rate_change_update_in_place_without_a_rollout(admin: Admin, operator_process: Path) -> None:
+    """Issue 22 §3: a rotated tenant key reaches the pods' key file (the <name>-keys Secret) and a
+    changed rate their ConfigMap, while the pod template's hash and ReplicaSet stay (no GPU pod
+    restarts; the pods reload both files); a restart setting still rolls them."""
+    _secret(admin, "gamma-key", "gamma-first-key-value")
+    spec = {
+        "autoscaling": {"engine": "none"},
+        "tenants": [{"name": "gamma", "keySecretRef": {"name": "gamma-key"}, "rate": "10/s"}],
+    }
+    admin.create(_path(), _isvc("rotate", **spec))
+    keys_path = f"/api/v1/namespaces/{NS}/secrets/rotate-keys"
+    cm_path = f"/api/v1/namespaces/{NS}/configmaps/rotate-config"
+    wait_for(lambda: len(_replicasets(admin, "rotate")) == 1, 60, what="the first ReplicaSet")
+    before, keys_before = _hash(admin, "rotate"), admin.get(keys_path)["data"]["keys.txt"]
+    salt = parse_keys_text(base64.b64decode(keys_before).decode()).salt
+    assert salt is not None
+
+    admin.call(
+        "PATCH",
+        f"/api/v1/namespaces/{NS}/secrets/gamma-key",
+        body=[{"op": "replace", "path": "/data/key", "value": base64.b64encode(b"gamma-second-key").decode()}],
+    )
+    wait_for(lambda: admin.get(keys_path)["data"]["keys.txt"] != keys_before, 30, what="the key file rotated")
+    text = base64.b64decode(admin.get(keys_path)["data"]["keys.txt"]).decode()
+    assert parse_keys_text(text).lookup("gamma-second-key") == "gamma"
+    assert parse_keys_text(text).lookup("gamma-first-key-value") is None
+
+    admin.call("PATCH", _path("rotate"), body=[{"op": "replace", "path": "/spec/tenants/0/rate", "value": "20/s"}])
+    wait_for(
+        lambda: yaml.safe_load(admin.get(cm_path)["data"]["config.yaml"])["tenants"]["tenants"][0]["rate"] == 20.0,
+        30,
+        what="the ConfigMap's new rate",
+    )
+    time.sleep(3)  # drift ticks
+    assert _hash(admin, "rotate") == before
+    assert len(_replicasets(admin, "rotate")) == 1  # no rollout
+
+    admin.call("PATCH", _path("rotate"), body=[{"op": "replace", "path": "/spec/timeouts", "value": {"queue": "3s"}}])
+    wait_for(lambda: _hash(admin, "rotate") != before, 30, what="a restart setting rolls the pods")
+    wait_for(lambda: len(_replicasets(admin, "rotate")) == 2, 60, what="the second ReplicaSet")
+    admin.call("DELETE", _path("rotate"))

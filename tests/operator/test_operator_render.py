@@ -47,7 +47,7 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
     import copy
 
     from sluiceway_gateway.config import GatewayConfig
-    from sluiceway_operator.render import GATEWAY_CONFIG_FILE, config_hash, gateway_config_hash
+    from sluiceway_operator.render import GATEWAY_CONFIG_FILE, gateway_config_hash, pod_config_hash
 
     out = copy.deepcopy(rendered.manifests)
     secret = next(m for m in rendered.manifests if m["kind"] == "Secret")
@@ -74,7 +74,7 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
             assert ann[CONFIG_HASH_ANNOTATION] == rendered.config_hash
             ann[CONFIG_HASH_ANNOTATION] = "<config-hash>"
     cm = next(m for m in rendered.manifests if m["kind"] == "ConfigMap")
-    assert rendered.config_hash == config_hash(cm["data"]["config.yaml"], keys)
+    assert rendered.config_hash == pod_config_hash(PodConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"])))
     return out
 
 
@@ -223,8 +223,9 @@ def test_config_change_changes_hash_and_nothing_else_does() -> None:
     changed_spec = dict(cr["spec"], timeouts={"queue": "3s"})
     changed = render(owner, parse_spec(changed_spec), {}, ENV)
     assert changed.config_hash != base.config_hash
+    # the pods reload keys and tenant limits in place (issue 22 §3): a key alone does not roll them
     rotated = render(owner, parse_spec(cr["spec"]), {"x": hash_key("k", TEST_SALT)}, ENV, salt=TEST_SALT)
-    assert rotated.config_hash != base.config_hash
+    assert rotated.config_hash == base.config_hash
 
 
 def test_metrics_on_their_own_port() -> None:
@@ -802,3 +803,30 @@ def test_pod_secret_names_are_every_reference() -> None:
         }
     )
     assert spec.pod is not None and spec.pod.secret_names() == ["a", "b", "c"]
+
+
+# -- key rotation without restart (issue 22 §3, the operator's half) ---------------------------------------
+
+
+def test_keys_and_tenant_limits_do_not_roll_the_pods_but_restart_settings_do() -> None:
+    """The pods reload the key file and the config's tenants section in place (the kubelet updates
+    mounted Secrets and ConfigMaps): a rotated key, a new keyed tenant or a changed rate must not
+    change the pod template's config hash; a setting read only at start (the queue timeout) must."""
+    cr = load_case("full")
+    owner = Owner("resnet", "vision", "u")
+    spec = parse_spec(cr["spec"])
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    base = render(owner, spec, hashes, ENV, salt=TEST_SALT)
+    rotated = render(owner, spec, {**hashes, "search": hash_key("a-new-key", TEST_SALT)}, ENV, salt=TEST_SALT)
+    assert rotated.config_hash == base.config_hash
+    assert rotated.manifests[1] != base.manifests[1]  # the Secret changed, in place
+    tenants = [dict(t) for t in cr["spec"]["tenants"]]
+    tenants[0]["rate"] = "1/s"
+    tenants.append({"name": "newcomer", "keySecretRef": {"name": "newcomer-key"}, "rate": "2/s"})
+    limits = parse_spec({**cr["spec"], "tenants": tenants})
+    more = {**hashes, "newcomer": hash_key("newcomer-key-value", TEST_SALT)}
+    changed = render(owner, limits, more, ENV, salt=TEST_SALT)
+    assert changed.config_hash == base.config_hash
+    assert changed.manifests[0] != base.manifests[0]  # the ConfigMap changed, in place
+    restart = parse_spec({**cr["spec"], "timeouts": {**cr["spec"]["timeouts"], "queue": "3s"}})
+    assert render(owner, restart, hashes, ENV, salt=TEST_SALT).config_hash != base.config_hash
