@@ -18,7 +18,7 @@ COPY operator/ operator/
 COPY sandbox/ sandbox/
 COPY gateway/ gateway/
 # The `operator` extra: kopf, kubernetes, grpcio, protobuf. No torch.
-RUN pip install ".[operator]" && rm -rf /src
+RUN pip install ".[operator,gateway]" && rm -rf /src
 
 WORKDIR /tmp
 USER 65532:65532

@@ -89,7 +89,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def _installed_extra(df: Dockerfile) -> str:
     installs = [r for r in df.runs if "pip install" in r]
     assert len(installs) == 1, installs
-    m = re.search(r'pip install "\.\[(\w+)\]"', installs[0])
+    m = re.search(r'pip install "\.\[([\w,]+)\]"', installs[0])
     assert m, installs[0]
     return m.group(1)
 
@@ -157,10 +157,11 @@ def test_pod_image_matches_what_the_operator_renders() -> None:
 
 
 def test_controller_image_matches_the_chart() -> None:
-    assert _installed_extra(CONTROLLER) == "operator"
+    # the operator renders each service's gateway with this image by default (operator.gatewayImage)
+    assert _installed_extra(CONTROLLER) == "operator,gateway"
     assert CONTROLLER.base.startswith("python:3.11-slim")
     scripts = PYPROJECT["project"]["scripts"]
-    for script in ("sluiceway-operator", "sluiceway-scaler", "sluiceway"):
+    for script in ("sluiceway-operator", "sluiceway-scaler", "sluiceway", "sluiceway-gateway"):
         assert script in scripts
         module = scripts[script].split(":")[0]
         assert not module.startswith("sluiceway_pod"), f"{script} needs the pod extra ({module})"
@@ -175,6 +176,7 @@ def test_controller_image_matches_the_chart() -> None:
     scaler = (CHART / "templates" / "scaler.yaml").read_text()
     assert "command: [sluiceway-operator, run]" in deployment
     assert "command: [sluiceway-scaler]" in scaler
+    assert "SLUICEWAY_GATEWAY_IMAGE" in deployment and '.Values.operator.gatewayImage' in deployment
     assert {8081, values["scaler"]["port"], values["scaler"]["metricsPort"]} <= CONTROLLER.expose
 
 
