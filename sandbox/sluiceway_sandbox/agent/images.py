@@ -10,9 +10,11 @@ from pathlib import Path
 
 from ..layout import CONTROLLER_IMAGE, POD_IMAGE
 
-#: console scripts each Sluiceway image provides (installed by ``pip install -e .``).
+#: console scripts each Sluiceway image provides (installed by ``pip install -e .``). The controller
+#: image is also the gateway's (the operator's ``gateway_image``, chart ``operator.gatewayImage``,
+#: defaults to it): the ``sluiceway`` package with the ``gateway`` extra.
 PYTHON_IMAGES: dict[str, tuple[str, ...]] = {
-    CONTROLLER_IMAGE: ("sluiceway-operator", "sluiceway-scaler", "sluiceway"),
+    CONTROLLER_IMAGE: ("sluiceway-operator", "sluiceway-scaler", "sluiceway-gateway", "sluiceway"),
     POD_IMAGE: ("sluiceway-pod",),
 }
 
