@@ -329,6 +329,15 @@ class QuotaConfig(_Model):
         return self
 
 
+class EdgeConfig(_Model):
+    """Trust between the gateway and the pods (:mod:`sluiceway_core.edge`): the per-service edge token's
+    file (the Secret ``<name>-edge``, key ``token``, mounted at ``/etc/sluiceway/edge/token``).
+    In the gateway: sent with every request it admitted. In a pod: a request presenting it is taken
+    as the gateway's, with the tenant and priority it names. Absent: no gateway is trusted."""
+
+    token_file: str = Field(min_length=1)
+
+
 class PodConfig(_Model):
     """Everything one inference pod needs. Rendered by the operator, read by ``sluiceway-pod``."""
 
@@ -341,6 +350,7 @@ class PodConfig(_Model):
     tenants: TenantsConfig = Field(default_factory=TenantsConfig)
     degradation: DegradationConfig = Field(default_factory=DegradationConfig)
     quota: QuotaConfig | None = None  # None: every pod enforces the whole quota (one replica)
+    edge: EdgeConfig | None = None  # None: no gateway is trusted (every request shows its own API key)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")

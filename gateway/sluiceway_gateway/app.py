@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
+from sluiceway_core.edge import EDGE_HEADERS, EDGE_PRIORITY_HEADER, EDGE_TENANT_HEADER, EDGE_TOKEN_HEADER, EdgeToken
 
 from .admission import EdgeAdmission, Ticket
 from .config import GatewayConfig
@@ -76,6 +77,8 @@ _HOP = frozenset({
 _DROP_BACK = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                         *(h.encode() for h in LOAD_HEADERS)})
 MAX_CONNECT_TRIES = 3
+#: client-sent edge headers: never forwarded (only the gateway may vouch for a request)
+_EDGE_IN = frozenset(h.encode() for h in EDGE_HEADERS)
 
 
 class Gateway:
@@ -92,6 +95,8 @@ class Gateway:
         self.addresses: dict[str, Endpoint] = {}
         self.admission = (EdgeAdmission(config.tenants, config.priorities, clock)
                           if config.tenants is not None else None)
+        #: the edge token sent with each admitted request (docs/gateway.md, "Trust between gateway and pods")
+        self.edge = EdgeToken(config.edge.token_file, clock) if config.edge is not None else None
         self.closing = False
         hc = config.hold
         self.hold: HoldQueue | None = None
@@ -229,12 +234,21 @@ class Gateway:
                 budget = min(budget, ms / 1000.0)
         return self.clock() + budget
 
-    def _request_bytes(self, req: Request, host: str, deadline: float) -> bytes:
+    def _request_bytes(self, req: Request, host: str, deadline: float, ticket: Ticket | None = None) -> bytes:
+        """The request as sent to a pod: the client's headers less hop-by-hop and edge ones, the
+        deadline reduced by the time spent here, and, for a request admitted here with an edge token
+        in force, the token, the tenant and the admitted class."""
         target = req.path.encode("latin-1") + (b"?" + req.query if req.query else b"")
         parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (req.method.encode("ascii"), target, host.encode())]
+        if ticket is not None and self.edge is not None:
+            token = self.edge.value
+            if token is not None:
+                parts.append(b"%s: %s\r\n%s: %s\r\n%s: %s\r\n" % (
+                    EDGE_TOKEN_HEADER.encode(), token, EDGE_TENANT_HEADER.encode(), ticket.tenant.name.encode(),
+                    EDGE_PRIORITY_HEADER.encode(), self.config.priorities.classes[ticket.rank].encode()))
         for k, v in req.raw_headers:
             lk = k.lower()
-            if lk in _HOP:
+            if lk in _HOP or lk in _EDGE_IN:
                 continue
             if lk == b"x-sluiceway-deadline-ms":
                 v = b"%d" % max(1, int((deadline - self.clock()) * 1000))
@@ -419,7 +433,7 @@ class Gateway:
                     m.retries.labels("connect_failed").inc()
                     continue
                 try:
-                    resp = await self._answer_head(conn, req, ep, deadline)
+                    resp = await self._answer_head(conn, req, ep, deadline, ticket)
                 except UpstreamLost:
                     pod.down = True  # no new request until a poll finds it again
                     pod.heard_at = self.clock()
@@ -457,8 +471,9 @@ class Gateway:
                     self.pool.release(conn)
                 self._pump()
 
-    async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float) -> UpstreamResponse:
-        head = conn.send(self._request_bytes(req, ep.key, deadline), head_request=req.method == "HEAD")
+    async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float,
+                           ticket: Ticket | None) -> UpstreamResponse:
+        head = conn.send(self._request_bytes(req, ep.key, deadline, ticket), head_request=req.method == "HEAD")
         try:
             return await _until(head, deadline - self.clock())
         except TimeoutError:

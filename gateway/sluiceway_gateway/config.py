@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-from sluiceway_core.config import PrioritiesConfig, TenantsConfig
+from sluiceway_core.config import EdgeConfig, PrioritiesConfig, TenantsConfig
 
 Routing = Literal["leastWait", "powerOfTwo", "random"]
 _ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
@@ -86,6 +86,9 @@ class GatewayConfig(_Model):
     #: admission at the edge; ``None``: the gateway admits every request (the pods still decide)
     tenants: TenantsConfig | None = None
     priorities: PrioritiesConfig = Field(default_factory=PrioritiesConfig)
+    #: the per-service edge token sent to the pods with every request admitted here (with ``tenants``);
+    #: ``None``: the pods check every request themselves
+    edge: EdgeConfig | None = None
     seed: int | None = None
 
     @field_validator("endpoints")

@@ -15,6 +15,13 @@ reads the body, so a refused request costs no body decoding; :meth:`DataPlane.in
 bucket's and the full queue's 429s are built once per tenant, priority, ``Retry-After`` (and depth)
 and reused (no exception raised).
 
+Behind the gateway: a request whose ``X-Sluiceway-Edge-Token`` equals ``edge.tokenFile``'s token
+(:class:`sluiceway_core.edge.EdgeToken`, constant-time) is the gateway's: its tenant is
+``X-Sluiceway-Tenant`` and its class ``X-Sluiceway-Edge-Priority``, no API key is checked and the
+tenant's rate/burst is not applied (the gateway holds the quota); the class ceiling, fair share, aging,
+``maxConcurrent`` and the queue bounds still are. A wrong token is 401; a request without one is
+checked as ever (API key, rate and all), whatever tenant header it carries.
+
 Drain (SIGTERM): readiness turns false at once; admission stays open ``server.drainDelaySeconds``
 (while endpoints are being removed; requests admitted then must fit the remaining budget), then
 closes; queued, running and fallback work finishes within ``server.drainSeconds``.
@@ -33,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 from sluiceway_core.config import PodConfig, TenantsConfig
+from sluiceway_core.edge import EDGE_PRIORITY_HEADER, EDGE_TENANT_HEADER, EDGE_TOKEN_HEADER, EdgeToken
 from sluiceway_core.keys import KeyFile
 
 from .adaptive import AdaptiveLimit, build_adaptive
@@ -53,6 +61,7 @@ from .errors import (
     PayloadTooLarge,
     QueueFull,
     SluicewayError,
+    Unauthenticated,
     http_status,
     new_error_id,
 )
@@ -154,6 +163,8 @@ class Admitted:
     enqueued: float = 0.0
     dispatched: float = 0.0
     finished: float = 0.0
+    #: the gateway vouched for the request (its edge token): tenant and class are the gateway's
+    edge: bool = False
 
 
 class BodyBudget:
@@ -220,6 +231,8 @@ class DataPlane:
             config.tenants, list(config.priorities.classes), self.clock, default_priority=config.priorities.default
         )
         metrics.declare(sorted(self.tenants.known_labels), config.priorities.classes)
+        #: the gateway's edge token (None: no gateway is trusted, every request shows its API key)
+        self.edge = EdgeToken(config.edge.token_file, self.clock.now) if config.edge is not None else None
         self.quota: QuotaClient | None = None
         self.runner: Runner | None = None
         self.sizing: Sizing | None = None
@@ -549,14 +562,14 @@ class DataPlane:
         priority = self.config.priorities.default
         tenant: Tenant | None = None
         try:
-            tenant = self.tenants.authenticate(headers.get("authorization"))
+            tenant, edge = self._identify(headers)
             if model_name != self.model_name:
                 raise ModelNotFound(f"model {model_name!r} is not served here")
             if self.draining:
                 raise Draining("the server is shutting down; retry on another replica")
             if not self.loaded or self.core is None or self.dispatcher is None or self.runner is None:
                 raise NotReady("the model is still loading")
-            rank = self.tenants.priority_rank(headers.get(PRIORITY_HEADER), priority)
+            rank = self.tenants.priority_rank(headers.get(EDGE_PRIORITY_HEADER if edge else PRIORITY_HEADER), priority)
             priority = self.config.priorities.classes[rank]
             budget = _parse_deadline(headers.get(DEADLINE_HEADER))
             if budget is not None and budget <= 0:
@@ -572,12 +585,29 @@ class DataPlane:
         except SluicewayError as e:
             return self._refused(e, tenant, priority, counted=True)
         # the core's one rate check, without raising, so that the 429 comes from the cache
-        wait = core.rate_wait(tenant)
+        wait = 0.0 if edge else core.rate_wait(tenant)  # behind the gateway: its bucket decided
         if wait > 0:
             return self._rate_limited(tenant, priority, wait)
         if not self.config.degradation.enabled and not core.has_room(rank, tenant):  # no room, nobody to displace
             return self._queue_full(tenant, priority, core)
-        return Admitted(tenant, rank, priority, budget)
+        return Admitted(tenant, rank, priority, budget, edge=edge)
+
+    def _identify(self, headers: Mapping[str, str]) -> tuple[Tenant, bool]:
+        """(tenant, whether the gateway vouched for it). Raises :class:`Unauthenticated` (no key, a
+        wrong key, or an edge token that is not this service's) or :class:`InvalidInput`."""
+        token = headers.get(EDGE_TOKEN_HEADER)
+        if token is None:
+            return self.tenants.authenticate(headers.get("authorization")), False
+        if self.edge is None or not self.edge.matches(token):
+            raise Unauthenticated(
+                "X-Sluiceway-Edge-Token does not match this service's edge token"
+                + ("" if self.edge is not None else " (this pod trusts no gateway)")
+                + "; a client calls with its API key and without the edge headers"
+            )
+        name = headers.get(EDGE_TENANT_HEADER)
+        if not name:
+            raise InvalidInput("a request with the edge token must name its tenant in X-Sluiceway-Tenant")
+        return self.tenants.edge_tenant(name.strip()), True
 
     async def infer(
         self,
@@ -687,7 +717,7 @@ class DataPlane:
         if level is not None:
             if not isinstance(level, int) or isinstance(level, bool) or level < 0:
                 raise InvalidInput(f"parameters.priority must be an integer >= 0, got {level!r}")
-            if level > 0 and PRIORITY_HEADER not in headers:
+            if level > 0 and PRIORITY_HEADER not in headers and not adm.edge:  # the gateway's class stands
                 classes = self.config.priorities.classes
                 rank = min(level, len(classes)) - 1
                 priority = classes[rank]

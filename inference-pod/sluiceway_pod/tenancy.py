@@ -14,6 +14,12 @@ a request authenticated before the call keeps its :class:`Tenant` (its admission
 one is checked against the new keys and limits. Token buckets keep the tokens they hold (up to a new
 burst), so a reload never refills a bucket.
 
+Behind the gateway (:meth:`TenantRegistry.edge_tenant`): a request the gateway vouched for (its edge
+token, checked by the data plane) names its tenant in a header; the name is checked
+(:func:`sluiceway_core.edge.valid_tenant_name`: at most 63 characters) and a name this pod does not
+list gets the defaults' limits and the ``other`` label, like an unlisted tenant of the keys file; past
+:data:`MAX_EDGE_UNLISTED` such names they share one tenant, so header values cannot grow the pod's state.
+
 Keys never leave this module: the key file holds salted hashes only (HMAC-SHA256 with the service's
 salt, :mod:`sluiceway_core.keys`), a presented key is hashed once and compared against every stored
 hash with :func:`hmac.compare_digest` (no early exit), only the tenant *name* is returned, and a
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluiceway_core.config import TenantLimits, TenantsConfig
+from sluiceway_core.edge import valid_tenant_name
 from sluiceway_core.keys import KeyFile, parse_keys_text
 from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
 
@@ -35,6 +42,11 @@ from .clock import Clock
 from .errors import InvalidInput, Unauthenticated
 
 OTHER = "other"
+#: at most this many tenants named by the gateway that this pod does not list (each holds a little
+#: state); the ones past it share one tenant, :data:`EDGE_OVERFLOW`, with the defaults' limits
+MAX_EDGE_UNLISTED = 256
+#: not a valid tenant name (``_``), so no listed tenant can be it
+EDGE_OVERFLOW = "_unlisted"
 
 
 def parse_keys_file(text: str) -> KeyFile:
@@ -269,6 +281,18 @@ class TenantRegistry:
         name = self._keys.lookup(key.strip())
         if name is None:
             raise Unauthenticated("unknown API key")
+        return self.tenant(name)
+
+    def edge_tenant(self, name: str) -> Tenant:
+        """The tenant the gateway named (its token already checked). Raises :class:`InvalidInput` for a
+        name that is not a tenant name; an unlisted name past :data:`MAX_EDGE_UNLISTED` of them is the
+        shared :data:`EDGE_OVERFLOW` tenant."""
+        if not valid_tenant_name(name):
+            raise InvalidInput("X-Sluiceway-Tenant must be a tenant name (1-63 letters, digits, '.', '_', '-')")
+        if name not in self._tenants and name not in self._listed and name != self._config.anonymous_tenant:
+            unlisted = sum(1 for n in self._tenants if n not in self._listed and n != self._config.anonymous_tenant)
+            if unlisted >= MAX_EDGE_UNLISTED:
+                name = EDGE_OVERFLOW
         return self.tenant(name)
 
     def take_token(self, tenant: Tenant) -> float:
