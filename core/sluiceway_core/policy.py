@@ -34,6 +34,20 @@ The rule, in order:
      utilisation: ``ceil(current * utilisation * projected / completed / target_utilisation)``.
      Used only while the offered rate is rising. ``predict_seconds`` is meant to be the pods'
      start-up time, so capacity asked for now is ready when the load arrives (see docs/scalesim.md).
+   * hold (issue 20; ``Signals.held`` > 0, the requests the gateway holds because no ready pod can
+     take them, and ``hold_drain_seconds`` set): the pods that drain the held requests within
+     ``hold_drain_seconds`` once they serve, ``ceil(held x cost / (permits x target x drain))``
+     with ``request_cost`` when measured; unknown (a service back from zero has served nothing in
+     the rate window) each held request counts as a permit held for the whole drain time,
+     ``ceil(held / (permits x target))`` (the KPA's reading of the activator's count); permits
+     unknown (no pod reports them at zero): 1 a pod. It is a
+     count of pods, not an increment: the pods asked for earlier and still starting count toward
+     it, so the polls during a start-up ask for more only when the held requests outgrow what the
+     pods on their way will drain. It works with no pod scraped (at zero: ``ready_replicas`` 0),
+     is exempt from the scale-up step (rule 3), and is **not recorded** in the history: once the
+     gateway holds nothing the scale-down window, the shortage hold and the release see only the
+     other terms (the held requests are drained; what the pods carry now is measured by the
+     requests-in-pods and demand terms). ``Decision.hold`` names its value.
 
    bounded by ``[min_replicas, max_replicas]``. The history records this bounded recommendation,
    all terms included, and the scale-down window (step 4) holds it, as the HPA's stabilisation
@@ -122,6 +136,12 @@ class Signals:
     #: Requests in the pods, running and queued, summed over the pods (None: not read): the
     #: concurrency that Knative's KPA and KEDA's in-flight triggers scale on.
     requests_in_pods: float | None = None
+    #: Requests the gateway holds (no ready pod can take them), summed over its replicas (issue 20;
+    #: None: not read, or no gateway).
+    held: float | None = None
+    #: Requests the gateway refused for want of a pod within the rate window (the scaler's
+    #: activation reads it; the policy does not). None: not read.
+    refused_no_pod: float | None = None
     ok: bool = True
     detail: str = ""
 
@@ -189,6 +209,10 @@ class ScalingSpec:
     #: many seconds (``ScaleHistory.returned_at``); otherwise the surplus goes after the scale-down
     #: window. None: always hold (the rule before).
     recur_memory: float | None = 3600.0
+    #: Hold term (issue 20): size the pods that drain the gateway's held requests within this many
+    #: seconds of serving (the time a held request has left once a pod serves: the hold's deadline
+    #: less a start-up). None: off (the held count is ignored, as before).
+    hold_drain_seconds: float | None = 60.0
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -215,6 +239,8 @@ class ScalingSpec:
             raise ValueError("recur_memory must be > 0")
         if self.predict_seconds is not None and not self.predict_seconds > 0:
             raise ValueError("predict_seconds must be > 0")
+        if self.hold_drain_seconds is not None and not self.hold_drain_seconds > 0:
+            raise ValueError("hold_drain_seconds must be > 0")
         up, down = self.scale_up, self.scale_down
         if up.max_pods is not None and up.max_pods < 1:
             raise ValueError("scale_up.max_pods must be >= 1")
@@ -275,6 +301,8 @@ class Decision:
     raw_recommendation: int
     held: bool
     history: ScaleHistory
+    #: the hold term's pods when it applied (gateway-held requests), else None
+    hold: int | None = None
 
 
 def _ceil(x: float) -> int:
@@ -361,6 +389,28 @@ def _in_pods(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
         return None
     n = _ceil(max(0.0, n_in) / (permits * tu))
     return n, f"{n_in:.4g} requests in the pods / ({permits} permits x {tu:.2f}) -> {n}"
+
+
+def _hold(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
+    """The hold term (module docstring): the pods that drain the gateway's held requests within
+    ``hold_drain_seconds`` at the target utilisation (permits unknown: 1 a pod). None when off or
+    nothing held."""
+    drain, held = spec.hold_drain_seconds, signals.held
+    if drain is None or held is None or not held > 0:
+        return None
+    # at zero no pod reports its permits: one a pod (the most pods for the held requests)
+    permits = signals.permits if signals.permits is not None and signals.permits > 0 else 1
+    tu = spec.target_utilisation or 1.0
+    cost = signals.request_cost
+    if cost is not None and cost > 0:
+        # requests one pod drains in the drain time; a request longer than it holds a permit for all of it
+        per_pod = permits * tu * drain / min(cost, drain)
+        how = f"{cost:.3g}s each"
+    else:
+        per_pod = permits * tu
+        how = "cost unknown: a permit each"
+    n = _ceil(held / per_pod)
+    return n, f"hold {held:.4g} held at the gateway, drained in {drain:g}s ({how}) -> {n}"
 
 
 def _predicted(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str] | None:
@@ -501,9 +551,21 @@ def desired_replicas(
     load_rec = min(spec.max_replicas, max(spec.min_replicas, settled))
     if bounded != raw:
         why += f"; bounded to [{spec.min_replicas}, {spec.max_replicas}] -> {bounded}"
+    # The hold term applies now and is not recorded (module docstring): ``asked`` is this decision's
+    # recommendation, ``bounded`` the one the history keeps.
+    hold = _hold(signals, spec)
+    asked = bounded
+    held_pods: int | None = None
+    if hold is not None:
+        held_pods = hold[0]
+        why += f"; {hold[1]}"
+        if hold[0] > raw:
+            asked = min(spec.max_replicas, max(spec.min_replicas, hold[0]))
+            why += f" (not recorded) -> {asked}"
+            demand = max(demand or 0, asked)  # measured now: exempt from the step (rule 3)
 
-    if bounded > current:
-        replicas = bounded
+    if asked > current:
+        replicas = asked
         up = spec.scale_up
         limits = []
         if up.max_pods is not None:
@@ -527,17 +589,17 @@ def desired_replicas(
                 replicas = max(cap, current)
                 why += f"; {current - ready} pods still starting: step from {ready} ready -> {replicas}"
         elif limits:
-            step_cap = max(max(limits), current + 1)
+            step_cap = max(max(limits), current + 1, min(held_pods or 0, replicas))
             if replicas > step_cap:
                 replicas = step_cap
                 why += f"; scale-up step limited to {replicas}"
-    elif bounded < current:
+    elif asked < current:
         held = _held(history, spec, now)
         recurring = _recurring(history, spec, now)
         window_start = now - spec.scale_down.stabilization_window
         seen = [h for e, h in zip(history.entries, held, strict=True) if e.at >= window_start]
-        replicas = max([bounded, *seen])
-        if replicas > bounded:
+        replicas = max([asked, *seen])
+        if replicas > asked:
             why += f"; stabilised at {replicas} (highest in {spec.scale_down.stabilization_window:g}s)"
         if down.max_pods is not None or down.max_percent is not None:
             period_start = now - down.period
@@ -549,7 +611,7 @@ def desired_replicas(
                 1,
             )
             floor = top - allowed
-            released = _released(history, down, now, bounded, held, recurring, spec.shortage_hold)
+            released = _released(history, down, now, asked, held, recurring, spec.shortage_hold)
             if replicas < floor and released is not None and released < floor:
                 replicas = max(replicas, released)
                 window = _release_window(down, recurring, spec.shortage_hold)
@@ -561,10 +623,10 @@ def desired_replicas(
         # Bounds win over stabilisation: never above max even if the history says so.
         replicas = min(spec.max_replicas, max(spec.min_replicas, min(replicas, current)))
     else:
-        replicas = bounded
+        replicas = asked
 
     entry = HistoryEntry(now, bounded, replicas, load_rec)
     rose = _jumps(history, spec, now, load_rec)
     jumped = now if rose and spec.burst_utilisation is not None else None
     returned = now if rose and spec.recur_memory is not None and _returns(history, spec, now, load_rec) else None
-    return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped, returned))
+    return Decision(replicas, why, raw, False, history.recorded(entry, keep, jumped, returned), held_pods)
