@@ -88,6 +88,8 @@ def test_the_gateways_tenant_reaches_the_pod_and_the_pod_leaves_the_rate_to_it(
                     times.extend((sent, time.monotonic()))
                     if r.status_code == 429:
                         assert r.json()["reason"] == "rate_limited"
+                if r.status_code == 429:
+                    time.sleep(0.01)
 
     threads = [threading.Thread(target=client) for _ in range(4)]
     for t in threads:
@@ -183,7 +185,7 @@ def test_a_gateway_replica_sigkilled_fails_only_its_requests_in_flight(
     eps = [f"127.0.0.1:{p.port}" for p in pods]
     gws = [gateway_factory({"endpoints": eps}) for _ in range(2)]
     victim = gws[0]
-    results: list[tuple[float, str, int | str]] = []  # (sent, gateway, status or error)
+    results: list[tuple[int, float, str, int | str]] = []  # (client, sent, gateway, status or error)
     lock = threading.Lock()
     kill_at = time.monotonic() + 1.5
     end = kill_at + 2.0
@@ -203,7 +205,7 @@ def test_a_gateway_replica_sigkilled_fails_only_its_requests_in_flight(
                     if gw is victim:
                         order.reverse()
                 with lock:
-                    results.append((sent, "victim" if gw is victim else "survivor", status))
+                    results.append((i, sent, "victim" if gw is victim else "survivor", status))
         finally:
             c.close()
 
@@ -216,11 +218,16 @@ def test_a_gateway_replica_sigkilled_fails_only_its_requests_in_flight(
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a client hung"
-    by = Counter((gw, status) for _, gw, status in results)
+    by = Counter((gw, status) for _, _, gw, status in results)
     failed = {k: n for k, n in by.items() if k[1] != 200}
-    late = Counter(status for sent, _, status in results if sent > killed + 0.5)
-    print("answers:", dict(by), "failed:", failed, "after the kill settled:", dict(late))
+    late = [(i, gw, status) for i, sent, gw, status in results if sent > killed + 0.5]
+    print("answers:", dict(by), "failed:", failed,
+          "after the kill settled:", dict(Counter((gw, status) for _, gw, status in late)))
     assert by[("victim", 200)] > 0 and by[("survivor", 200)] > 0  # the load was spread over both
     assert all(gw == "victim" for gw, _ in failed), failed  # the survivor never failed one
-    assert sum(failed.values()) <= n_clients // 2, failed  # at most one in flight per client on the victim
-    assert late and set(late) == {200}, late
+    # at most one failure per client that used the victim: the request it had in flight there (or,
+    # on a slow machine, one sent just before it learnt of the kill)
+    per_client = Counter(i for i, _, gw, status in results if status != 200)
+    assert sum(failed.values()) <= n_clients // 2 and max(per_client.values(), default=0) <= 1, per_client
+    assert {i for i, gw, status in late if gw == "survivor" and status == 200} == set(range(n_clients)), late
+    assert all(status == 200 for _, gw, status in late if gw == "survivor")
