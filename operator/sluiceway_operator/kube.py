@@ -62,6 +62,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
     (f"{GROUP}/{VERSION}", KIND): (f"/apis/{GROUP}/{VERSION}", "inferenceservices"),

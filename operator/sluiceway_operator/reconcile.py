@@ -27,6 +27,8 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -60,13 +62,16 @@ from .kube import (
 from .policy import POLICY_REASON, PROMETHEUS_REASON, check_policy
 from .prom import PrometheusError, query_scalar, query_vector
 from .render import (
+    EDGE_TOKEN_KEY,
     KEYS_FILE,
     RBAC_API,
     S3_CREDENTIAL_KEYS,
     Environment,
     Owner,
+    build_edge_secret,
     build_replicas,
     clamp_replicas,
+    edge_secret_name,
     endpoint_url,
     has_shared_quota,
     render,
@@ -79,6 +84,9 @@ from .status import Observed, TenantQuota, compute_status
 __all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome", "builtin_scaling_spec"]
 
 log = logging.getLogger(__name__)
+
+#: An edge token the operator made (64 hex digits) or any the gateway and pods would accept.
+_EDGE_TOKEN = re.compile(r"[A-Za-z0-9_-]{32,512}")
 
 #: The builtin engine keeps the GPU permits at most this busy (the scaler's default, 80 %).
 BUILTIN_TARGET_UTILISATION = 0.8
@@ -306,7 +314,8 @@ class Reconciler:
         deployment = self.kube.get("apps/v1", "Deployment", namespace, name)
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
         try:
-            rendered = render(owner, spec, hashes, env, replicas=current, salt=salt)
+            edge = self._edge_token(namespace, name, uid) if spec.gateway.enabled and env.quota_key is None else None
+            rendered = render(owner, spec, hashes, env, replicas=current, salt=salt, edge_token=edge)
         except SpecError as err:
             return outcome(spec, ("InvalidConfig", str(err)), previous_hash)
 
@@ -368,6 +377,13 @@ class Reconciler:
         for api_version, kind, child in rendered.absent:
             if self.kube.delete_owned(api_version, kind, namespace, child, uid):
                 log.info("pruned %s %s/%s", kind, namespace, child)
+        if not spec.gateway.enabled:
+            # The operator may not delete Secrets (its rules: get, create, patch): the gateway's
+            # edge token is removed from <name>-edge instead, which goes with its InferenceService.
+            held = self.kube.get("v1", "Secret", namespace, edge_secret_name(owner))
+            if held is not None and controlled_by(held, uid) and held.get("data"):
+                self.kube.apply(build_edge_secret(owner, None))
+                log.info("emptied Secret %s/%s (gateway off)", namespace, edge_secret_name(owner))
         return outcome(spec, None, rendered.config_hash)
 
     def _role_exists(self, namespace: str, binding: Mapping[str, Any]) -> bool:
@@ -394,6 +410,20 @@ class Reconciler:
             if salt is not None:
                 return salt
         return new_salt()
+
+    def _edge_token(self, namespace: str, name: str, uid: str) -> str:
+        """Without a quota key: the edge token this object's ``<name>-edge`` Secret holds (so the
+        gateway and the pods keep theirs across reconciles and operator restarts), else a fresh
+        random one (256 bits). Never logged."""
+        secret = self.kube.get("v1", "Secret", namespace, edge_secret_name(Owner(name, namespace, uid)))
+        if secret is not None and controlled_by(secret, uid):
+            try:
+                token = base64.b64decode((secret.get("data") or {}).get(EDGE_TOKEN_KEY, ""), validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                token = ""
+            if _EDGE_TOKEN.fullmatch(token):
+                return token
+        return secrets.token_hex(32)
 
     def _key_hashes(
         self, namespace: str, spec: InferenceServiceSpec, salt: bytes

@@ -29,6 +29,13 @@ ConfigMap                 ``<name>-gateway``  ``gateway.yaml``: the gateway's co
 Deployment                ``<name>-gateway``  ``sluiceway-gateway serve``
 Service                   ``<name>-gateway``  port ``http`` (8080): ``status.endpoint``
 PodDisruptionBudget       ``<name>-gateway``  one gateway pod evicted at a time
+Secret                    ``<name>-edge``     with the gateway: key ``token``, the edge token
+                                              (:func:`derive_edge_token`), mounted in the
+                                              gateway and the pods at ``/etc/sluiceway/edge/``
+Service                   ``<name>-gateway-   with the gateway: headless, port ``metrics``,
+                          metrics``           what the ServiceMonitor selects for the gateway
+NetworkPolicy             ``<name>``          with the gateway (``gateway.networkPolicy``):
+                                              port ``http`` of the pods from the gateway only
 ========================  ==================  ===============================================
 """
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,10 +71,13 @@ __all__ = [
     "Rendered",
     "build_config_map",
     "build_deployment",
+    "build_edge_secret",
     "build_gateway_children",
     "build_gateway_config",
+    "build_gateway_metrics_service",
     "build_keys_secret",
     "build_metrics_service",
+    "build_network_policy",
     "build_pdb",
     "build_pod_config",
     "build_quota",
@@ -79,6 +90,8 @@ __all__ = [
     "build_tensor",
     "clamp_replicas",
     "config_hash",
+    "derive_edge_token",
+    "edge_secret_name",
     "endpoint_url",
     "gateway_name",
     "has_shared_quota",
@@ -124,6 +137,11 @@ GATEWAY_DRAIN_SECONDS = 10
 #: end-to-end budget (``timeouts.request``), so the pod's 504 reaches the client first.
 GATEWAY_TIMEOUT_SLACK_SECONDS = 5
 RBAC_API = "rbac.authorization.k8s.io/v1"
+#: The edge token (``sluiceway_core.edge``): the Secret ``<name>-edge`` and its one key, mounted
+#: (no subPath: a rotation reaches the running pods) in the gateway and the pods at EDGE_DIR.
+EDGE_DIR = "/etc/sluiceway/edge"
+EDGE_TOKEN_KEY = "token"
+EDGE_TOKEN_FILE = f"{EDGE_DIR}/{EDGE_TOKEN_KEY}"
 #: The gateway Role's only rule: EndpointSlice reads in the InferenceService's namespace.
 GATEWAY_RULE: Mapping[str, Any] = {
     "apiGroups": ["discovery.k8s.io"],
@@ -221,6 +239,37 @@ def gateway_labels(name: str) -> dict[str, str]:
 
 def gateway_selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "sluiceway-gateway", INSTANCE_LABEL: name}
+
+
+def edge_secret_name(owner: Owner) -> str:
+    return f"{owner.name}-edge"
+
+
+def derive_edge_token(key: bytes, owner: Owner) -> str:
+    """The service's edge token from the operator's quota key: HMAC-SHA256 over
+    ``edge:<namespace>/<name>`` (hex). The same for every reconcile and every operator replica; a
+    different one for every service, and none can be derived from another without the key."""
+    return hmac.new(key, f"edge:{owner.namespace}/{owner.name}".encode(), hashlib.sha256).hexdigest()
+
+
+def build_edge_secret(owner: Owner, token: str | None) -> dict[str, Any]:
+    """``<name>-edge``: the edge token only (``sluiceway_core.edge``), read by the gateway and the pods.
+    ``None``: the Secret emptied (the gateway turned off; the operator may not delete Secrets)."""
+    data = {EDGE_TOKEN_KEY: base64.b64encode(token.encode()).decode()} if token is not None else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(owner, edge_secret_name(owner)),
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+def _edge_volume(owner: Owner) -> dict[str, Any]:
+    return {"name": "edge", "secret": {"secretName": edge_secret_name(owner)}}
+
+
+EDGE_MOUNT: Mapping[str, Any] = {"name": "edge", "mountPath": EDGE_DIR, "readOnly": True}
 
 
 def endpoint_url(owner: Owner, gateway: bool = False) -> str:
@@ -426,6 +475,8 @@ def build_pod_config(owner: Owner, spec: InferenceServiceSpec, env: Environment 
         raw["tenants"]["allow_anonymous"] = spec.access.allow_anonymous
     if spec.keyed_tenants:
         raw["tenants"]["keys_file"] = f"{KEYS_DIR}/{KEYS_FILE}"
+    if spec.gateway.enabled:  # the pods trust the tenant and priority the gateway admitted
+        raw["edge"] = {"token_file": EDGE_TOKEN_FILE}
     tracing = build_tracing(owner, spec, env)
     if tracing is not None:
         raw["tracing"] = tracing
@@ -674,6 +725,9 @@ def build_deployment(
     if initializer is not None:
         mounts.append({"name": "model-store", "mountPath": MODEL_STORE_DIR, "readOnly": True})
         volumes.append({"name": "model-store", "emptyDir": {"sizeLimit": str(spec.model.storage_size_limit)}})
+    if spec.gateway.enabled:
+        mounts.append(dict(EDGE_MOUNT))
+        volumes.append(_edge_volume(owner))
     extra = spec.pod
     if extra is not None and extra.shm_size is not None:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -1034,8 +1088,11 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
 def build_service_monitor(
     owner: Owner, spec: InferenceServiceSpec, defaults: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Selects the ``<name>-metrics`` Service. Labels: ``defaults`` (the operator's), then the
-    spec's ``monitoring.serviceMonitorLabels``, then the operator's own (which always win)."""
+    """Selects the ``<name>-metrics`` Service and, with the gateway, ``<name>-gateway-metrics``.
+    Every series gets ``namespace``, ``pod`` (the Prometheus operator's own target labels) and
+    ``inferenceservice``; the gateway's also ``component="gateway"``. Labels: ``defaults`` (the
+    operator's), then the spec's ``monitoring.serviceMonitorLabels``, then the operator's own (which
+    always win)."""
     meta = _metadata(owner, owner.name)
     meta["labels"] = {**(defaults or {}), **spec.monitoring.service_monitor_labels, **meta["labels"]}
     return {
@@ -1053,7 +1110,15 @@ def build_service_monitor(
                         {
                             "sourceLabels": ["__meta_kubernetes_pod_label_sluiceway_io_inferenceservice"],
                             "targetLabel": "inferenceservice",
-                        }
+                        },
+                        # the gateway's targets (<name>-gateway-metrics): component="gateway", so
+                        # that counting the pods' targets (up) leaves them out (sluiceway_core.signals)
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                            "regex": "sluiceway-gateway",
+                            "targetLabel": "component",
+                            "replacement": "gateway",
+                        },
                     ],
                 }
             ],
@@ -1089,6 +1154,56 @@ def build_gateway_config(owner: Owner, spec: InferenceServiceSpec, cfg: PodConfi
         # only what the operator set in the pods' config (the gateway's model has the same defaults)
         "tenants": cfg.tenants.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True),
         "priorities": cfg.priorities.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True),
+        "edge": {"tokenFile": EDGE_TOKEN_FILE},
+    }
+
+
+def gateway_metrics_service_name(owner: Owner) -> str:
+    return f"{gateway_name(owner)}-metrics"
+
+
+def build_gateway_metrics_service(owner: Owner) -> dict[str, Any]:
+    """``<name>-gateway-metrics``: the gateway's ``/metrics`` as the pods' are published
+    (:func:`build_metrics_service`): headless, port ``metrics``, the labels the InferenceService's
+    ServiceMonitor selects (``sluiceway.io/inferenceservice``, ``sluiceway.io/metrics``), so the
+    ``sluiceway_gateway_*`` series get ``namespace``, ``pod`` and ``inferenceservice`` too."""
+    meta = _metadata(owner, gateway_metrics_service_name(owner), gateway_labels(owner.name))
+    meta["labels"] = {**meta["labels"], METRICS_SERVICE_LABEL: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "selector": gateway_selector_labels(owner.name),
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+
+
+NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+
+
+def build_network_policy(owner: Owner) -> dict[str, Any]:
+    """``<name>``: the pods' inference port (``http``) admits only this service's gateway pods; the
+    metrics port (``metrics``: the kubelet's probes, Prometheus, ``/metrics``) admits any caller, as
+    without a policy (a cluster that restricts it to Prometheus adds its own policy: the chart's
+    ``networkPolicy.inferencePods``). Ingress only; the pods' egress is not restricted."""
+    return {
+        "apiVersion": NETWORK_POLICY[0],
+        "kind": NETWORK_POLICY[1],
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(owner.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": gateway_selector_labels(owner.name)}}],
+                    "ports": [{"port": "http", "protocol": "TCP"}],
+                },
+                {"ports": [{"port": "metrics", "protocol": "TCP"}]},
+            ],
+        },
     }
 
 
@@ -1150,6 +1265,7 @@ def build_gateway_children(
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
+            dict(EDGE_MOUNT),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -1163,6 +1279,7 @@ def build_gateway_children(
                 "name": "keys",
                 "secret": {"secretName": f"{owner.name}-keys", "items": [{"key": KEYS_FILE, "path": KEYS_FILE}]},
             },
+            _edge_volume(owner),
             {"name": "tmp", "emptyDir": {}},
         ],
         "terminationGracePeriodSeconds": PRESTOP_SLEEP_SECONDS + GATEWAY_DRAIN_SECONDS + GRACE_SLACK_SECONDS,
@@ -1224,6 +1341,7 @@ def build_gateway_children(
                 "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
             },
         },
+        build_gateway_metrics_service(owner),
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -1244,6 +1362,7 @@ def render(
     env: Environment,
     replicas: int | None = None,
     salt: bytes | None = None,
+    edge_token: str | None = None,
 ) -> Rendered:
     """All children, in apply order (config first, Deployment after what it mounts).
 
@@ -1252,8 +1371,17 @@ def render(
     the count to the HPA (``Rendered.replicas`` is None). ``key_hashes`` are
     ``sluiceway_core.keys.hash_key(key, salt)``; ``salt`` is needed when there are any. Raises
     :class:`SpecError`.
+
+    With the gateway, the edge token is :func:`derive_edge_token` of ``env.quota_key`` when the
+    operator has one, else ``edge_token`` (the caller's: the one kept in the ``<name>-edge`` Secret,
+    or a fresh random one); neither is a :class:`SpecError`.
     """
     cfg = build_pod_config(owner, spec, env)
+    edge: str | None = None
+    if spec.gateway.enabled:
+        edge = derive_edge_token(env.quota_key, owner) if env.quota_key is not None else edge_token
+        if edge is None:
+            raise SpecError("the gateway needs an edge token: the operator has no quota key and none was given")
     cfg_yaml = cfg.to_yaml()
     keys = keys_text(key_hashes, salt)
     token = quota_token(owner, spec, env)
@@ -1269,6 +1397,7 @@ def render(
     manifests = [
         build_config_map(owner, cfg_yaml),
         build_keys_secret(owner, keys, token),
+        *([build_edge_secret(owner, edge)] if edge is not None else []),
         build_deployment(owner, spec, digest, pod_name_env=cfg.quota is not None),
         build_service(owner),
         build_metrics_service(owner),
@@ -1279,6 +1408,11 @@ def render(
         manifests.extend(build_gateway_children(owner, spec, cfg, keys, env))
     else:
         absent.extend((api, kind, gateway_name(owner)) for api, kind in GATEWAY_KINDS)
+        absent.append(("v1", "Service", gateway_metrics_service_name(owner)))
+    if spec.gateway.enabled and spec.gateway.network_policy:
+        manifests.append(build_network_policy(owner))
+    else:
+        absent.append((*NETWORK_POLICY, owner.name))
     if engine in ("keda", "prometheus") and env.keda:
         manifests.append(build_scaled_object(owner, spec, env))
     elif env.keda:

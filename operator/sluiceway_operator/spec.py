@@ -524,10 +524,12 @@ class GatewaySpec(_Model):
     replicas: int = Field(default=1, ge=1, le=32)
     routing: GatewayRouting = "leastWait"
     resources: GatewayResourcesSpec = Field(default_factory=GatewayResourcesSpec)
+    #: A NetworkPolicy ``<name>``: the pods' inference port admits only this service's gateway pods.
+    network_policy: bool = True
 
 
 #: Volume names the operator uses in the inference pods.
-RESERVED_VOLUMES = ("config", "keys", "tmp", "model", "model-store", "dshm")
+RESERVED_VOLUMES = ("config", "keys", "tmp", "model", "model-store", "dshm", "edge")
 #: The volume sources ``pod.volumes`` may use (the CRD's CEL says the same).
 VOLUME_SOURCES = ("configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI")
 #: Paths ``pod.volumeMounts`` must not hide (RESERVED_PATHS plus the model store and /dev/shm).

@@ -19,6 +19,9 @@ TEST_KEYS = {"search": "search-secret-key-1", "reports": "reports-secret-key-2"}
 TEST_SALT = bytes(range(32))
 #: The quota key of the tests (the chart makes a random one).
 TEST_QUOTA_KEY = b"test-quota-key-0123456789abcdef-0123456789"
+#: The edge token of the golden renders without a quota key (a real service gets a random one, kept
+#: in its <name>-edge Secret).
+TEST_EDGE_TOKEN = "golden-edge-token-" + "0" * 46
 
 
 def load_crd() -> dict[str, Any]:

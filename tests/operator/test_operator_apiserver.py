@@ -248,8 +248,14 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         ({"concurrency": {"probeSharePercent": 101}}, "spec.concurrency.probeSharePercent"),
         # issue 18: one model grammar for the CRD and the pod (the pod refuses these at start)
         (
-            {"model": {"image": "registry.example/p:1", "format": "demo", "source": "demo",
-                       "fallback": {"source": "synthetic:fast"}}},
+            {
+                "model": {
+                    "image": "registry.example/p:1",
+                    "format": "demo",
+                    "source": "demo",
+                    "fallback": {"source": "synthetic:fast"},
+                }
+            },
             "model.fallback.source must be",
         ),
         (
@@ -266,8 +272,10 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         # issue 21: a scale-down window shorter than the scaler's rate window plus a scrape flaps
         ({"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "20s"}}}, "rate window (1m)"),
         (
-            {"autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "70s"}},
-             "monitoring": {"interval": "15s"}},
+            {
+                "autoscaling": {"engine": "keda", "scaleDown": {"stabilizationWindow": "70s"}},
+                "monitoring": {"interval": "15s"},
+            },
             "rate window (1m)",
         ),
         # issue 23: ServiceMonitor labels are label pairs
@@ -325,6 +333,7 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
             "a projected volume must not hold a serviceAccountToken",
         ),
         ({"pod": {"volumes": [{"name": "keys", "emptyDir": {}}]}}, "are the operator's"),
+        ({"pod": {"volumes": [{"name": "edge", "emptyDir": {}}]}}, "are the operator's"),
         (
             {"pod": {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]}},
             "mountPath must not hide a path the pod needs",
@@ -356,8 +365,12 @@ def test_cel_and_schema_reject_bad_specs(admin: Admin, spec: dict[str, Any], mes
         {"concurrency": {"memoryReserve": "+1Gi"}},
         {"concurrency": {"memoryReserve": "1e-3"}},
         {
-            "model": {"image": "registry.example/p:1", "format": "demo", "source": "demo",
-                      "fallback": {"source": "synthetic:2.5"}},
+            "model": {
+                "image": "registry.example/p:1",
+                "format": "demo",
+                "source": "demo",
+                "fallback": {"source": "synthetic:2.5"},
+            },
             "degradation": {"enabled": True},
         },
         {"model": {"image": "registry.example/p:1", "format": "synthetic", "source": "synthetic:20"}},
@@ -605,6 +618,7 @@ def test_missing_secret_gives_config_invalid_and_leaves_children(admin: Admin, o
     assert 'labelled sluiceway.io/tenant-key: "true"' in missing_message
     assert "does not exist" not in missing_message  # generic: no oracle for which Secrets exist
     assert _cond(obj, "Ready")["status"] == "False"
+
     # the operator writes the status first, then posts the Event: wait for it (bounded)
     def warned() -> bool:
         events = admin.call(
@@ -760,16 +774,65 @@ def test_gateway_children_applied_and_its_role_reads_only_endpoint_slices(
             "spec": {
                 "user": f"system:serviceaccount:{NS}:edge-gateway",
                 "resourceAttributes": {
-                    "namespace": NS, "verb": "delete", "group": "discovery.k8s.io", "resource": "endpointslices",
+                    "namespace": NS,
+                    "verb": "delete",
+                    "group": "discovery.k8s.io",
+                    "resource": "endpointslices",
                 },
             },
         },
     )
     assert review["status"]["allowed"] is False
 
+    # The edge token (no quota key here: generated once and kept in <name>-edge), mounted in both.
+    secret_path = f"/api/v1/namespaces/{NS}/secrets/edge-edge"
+    secret = wait_for(lambda: admin.get(secret_path), 30, what="the edge Secret")
+    (ref,) = secret["metadata"]["ownerReferences"]
+    assert ref["uid"] == uid
+    edge_token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(edge_token) == 64
+    for dep in (children["Deployment"], admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/edge")):
+        pod = dep["spec"]["template"]["spec"]
+        assert {"name": "edge", "mountPath": "/etc/sluiceway/edge", "readOnly": True} in pod["containers"][0][
+            "volumeMounts"
+        ]
+    # The NetworkPolicy and the gateway's metrics Service, applied by the operator under the chart's rules.
+    policy_path = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies/edge"
+    policy = wait_for(lambda: admin.get(policy_path), 30, what="the NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "sluiceway-gateway", "sluiceway.io/inferenceservice": "edge"}
+            }
+        }
+    ]
+    metrics_path = f"/api/v1/namespaces/{NS}/services/edge-gateway-metrics"
+    assert (
+        wait_for(lambda: admin.get(metrics_path), 30, what="the gateway's metrics Service")["spec"]["clusterIP"]
+        == "None"
+    )
+    # Kept across reconciles (the drift timer runs every 2 s; a spec change reconciles at once).
+    admin.call("PATCH", _path("edge"), body=[{"op": "replace", "path": "/spec/gateway/replicas", "value": 1}])
+    wait_for(lambda: _gateway_children(admin, "edge")["Deployment"]["spec"]["replicas"] == 1, 30, what="replicas 1")
+    time.sleep(3)
+    assert base64.b64decode(admin.get(secret_path)["data"]["token"]).decode() == edge_token
+    # Nowhere else: not in the status, the Events, the ConfigMaps or the operator's log.
+    assert edge_token not in str(admin.get(_path("edge")))
+    assert edge_token not in str(admin.get(f"/api/v1/namespaces/{NS}/events"))
+    assert edge_token not in str(admin.get(f"/api/v1/namespaces/{NS}/configmaps"))
+    assert edge_token not in operator_process.read_text()
+    # networkPolicy: false prunes the policy alone.
+    admin.call("PATCH", _path("edge"), body=[{"op": "add", "path": "/spec/gateway/networkPolicy", "value": False}])
+    wait_for(lambda: admin.get(policy_path) is None, 30, what="NetworkPolicy pruned")
+
     # Off: every gateway child is pruned, the endpoint goes back to the pods' Service.
     admin.call("PATCH", _path("edge"), body=[{"op": "replace", "path": "/spec/gateway/enabled", "value": False}])
     wait_for(lambda: not any(_gateway_children(admin, "edge").values()), 30, what="gateway children pruned")
+    wait_for(lambda: admin.get(metrics_path) is None, 30, what="the gateway's metrics Service pruned")
+    # The operator may not delete Secrets: the token is removed from <name>-edge, nothing mounts it.
+    wait_for(lambda: not (admin.get(secret_path) or {}).get("data"), 30, what="edge token removed")
+    pods_dep = admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/edge")
+    assert all(v["name"] != "edge" for v in pods_dep["spec"]["template"]["spec"]["volumes"])
     wait_for(
         lambda: admin.get(_path("edge")).get("status", {}).get("endpoint") == f"http://edge.{NS}.svc:8080",
         30,
@@ -825,7 +888,9 @@ def test_model_from_s3_credentials_consent_and_fetch_failure_in_status(admin: Ad
     (init,) = dep["spec"]["template"]["spec"]["initContainers"]
     assert init["command"][:4] == ["sluiceway-pod", "fetch", "--uri", "s3://models/scorer/v3/"]
     assert {e["name"] for e in init["env"] if "valueFrom" in e} == {
-        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
     }
 
     # The kubelet's part: the initializer ran and failed with the fetch's termination message.
@@ -880,7 +945,6 @@ def test_model_from_s3_credentials_consent_and_fetch_failure_in_status(admin: Ad
     for text in (str(obj["status"]), str(events), str(cm), str(dep)):
         assert secret_key not in text and "AKIDSTORE" not in text
     admin.call("DELETE", _path("fetched"))
-
 
 
 # ------------------------------------------------------------------------------------ spec.pod

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubetools import KEDA_STANDIN_CRD, Admin, ControlPlane, establish_crd
-from operator_support import TEST_SALT, apply_defaults, crd_schema, load_crd
+from operator_support import TEST_EDGE_TOKEN, TEST_SALT, apply_defaults, crd_schema, load_crd
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.kube import Kube
 from sluiceway_operator.render import Environment, Owner, render
@@ -63,7 +63,8 @@ def _render(doc: dict[str, Any]) -> Any:
     spec = parse_spec(apply_defaults(doc["spec"], crd_schema()["properties"]["spec"]))
     hashes = {t.name: hash_key(f"key-of-{t.name}", TEST_SALT) for t in spec.keyed_tenants}
     meta = doc["metadata"]
-    return render(Owner(meta["name"], meta.get("namespace", "default"), "uid"), spec, hashes, ENV, salt=TEST_SALT)
+    owner = Owner(meta["name"], meta.get("namespace", "default"), "uid")
+    return render(owner, spec, hashes, ENV, salt=TEST_SALT, edge_token=TEST_EDGE_TOKEN)
 
 
 @pytest.mark.parametrize(("source", "doc"), _isvcs(), ids=lambda v: v if isinstance(v, str) else "")

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import CASES, GOLDEN, TEST_KEYS, TEST_SALT, case_names, load_case
+from operator_support import CASES, GOLDEN, TEST_EDGE_TOKEN, TEST_KEYS, TEST_SALT, case_names, load_case
 from sluiceway_core.config import PodConfig
 from sluiceway_core.keys import hash_key
 from sluiceway_operator.render import CONFIG_HASH_ANNOTATION, Environment, Owner, render
@@ -33,7 +33,7 @@ def _render_case(name: str, env: Environment = ENV, replicas: int | None = 2) ->
     spec = parse_spec(cr["spec"])
     owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], f"uid-{name}")
     hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
-    return render(owner, spec, hashes, env, replicas=replicas, salt=TEST_SALT)
+    return render(owner, spec, hashes, env, replicas=replicas, salt=TEST_SALT, edge_token=TEST_EDGE_TOKEN)
 
 
 def _golden_form(rendered: Any) -> list[dict[str, Any]]:
@@ -50,7 +50,7 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
     from sluiceway_operator.render import GATEWAY_CONFIG_FILE, gateway_config_hash, pod_config_hash
 
     out = copy.deepcopy(rendered.manifests)
-    secret = next(m for m in rendered.manifests if m["kind"] == "Secret")
+    secret = next(m for m in rendered.manifests if m["kind"] == "Secret" and m["metadata"]["name"].endswith("-keys"))
     import base64
 
     keys = base64.b64decode(secret["data"]["keys.txt"]).decode()
@@ -99,8 +99,9 @@ def test_core_manifests_validate_strict(name: str) -> None:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         checked += 1
     # ConfigMap, Secret, Deployment, Service, the metrics Service, PDB; with the gateway also its
-    # ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service and PDB
-    assert checked == (13 if parse_spec(load_case(name)["spec"]).gateway.enabled else 6)
+    # ServiceAccount, Role, RoleBinding, ConfigMap, Deployment, Service, PDB, metrics Service, the
+    # edge Secret and the pods' NetworkPolicy
+    assert checked == (16 if parse_spec(load_case(name)["spec"]).gateway.enabled else 6)
 
 
 def test_crd_validates_strict() -> None:
@@ -513,7 +514,13 @@ def test_gateway_children_run_the_gateway_cli_on_its_own_config(tmp_path: Any) -
     rendered = _render_case("gateway")
     kinds = _gateway_children(rendered)
     assert list(kinds) == [
-        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
     ]
     dep = kinds["Deployment"]
     pod = dep["spec"]["template"]["spec"]
@@ -527,7 +534,9 @@ def test_gateway_children_run_the_gateway_cli_on_its_own_config(tmp_path: Any) -
     cfg = load_gateway_config(config_file)
     assert cfg.routing == "powerOfTwo"
     assert cfg.watch is not None and (cfg.watch.namespace, cfg.watch.service, cfg.watch.port_name) == (
-        "serving", "edge", "http",
+        "serving",
+        "edge",
+        "http",
     )
     assert cfg.tenants == rendered.pod_config.tenants  # admission at the edge as the pods have it
     assert cfg.tenants is not None and cfg.tenants.keys_file == "/var/run/secrets/sluiceway/keys.txt"
@@ -593,7 +602,7 @@ def test_gateway_rolls_on_key_or_config_changes() -> None:
     hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
 
     def gateway_hash(s: Any, h: dict[str, str]) -> str:
-        dep = _gateway_children(render(owner, s, h, ENV, salt=TEST_SALT))["Deployment"]
+        dep = _gateway_children(render(owner, s, h, ENV, salt=TEST_SALT, edge_token=TEST_EDGE_TOKEN))["Deployment"]
         return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
 
     base = gateway_hash(spec, hashes)
@@ -764,11 +773,19 @@ def test_explicit_ids_and_percent_surge() -> None:
     ("pod", "message"),
     [
         ({"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}, "hostPath and other sources are not allowed"),
-        ({"volumes": [{"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]},
-         "no serviceAccountToken projection"),
+        (
+            {"volumes": [{"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]},
+            "no serviceAccountToken projection",
+        ),
         ({"volumes": [{"name": "config", "emptyDir": {}}]}, "are the operator's"),
-        ({"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/sluiceway"}]},
-         "would hide a path the pod needs"),
+        ({"volumes": [{"name": "edge", "emptyDir": {}}]}, "are the operator's"),
+        (
+            {
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "volumeMounts": [{"name": "v", "mountPath": "/etc/sluiceway"}],
+            },
+            "would hide a path the pod needs",
+        ),
         ({"volumeMounts": [{"name": "nope", "mountPath": "/data"}]}, "every pod.volumeMounts name must be"),
         ({"env": [{"name": "SLUICEWAY_QUEUE_MAX_DEPTH", "value": "1"}]}, "must not set HOME, POD_NAME or SLUICEWAY_*"),
         ({"labels": {"app.kubernetes.io/name": "x"}}, "must not set app.kubernetes.io/* or sluiceway.io/* keys"),
@@ -830,3 +847,154 @@ def test_keys_and_tenant_limits_do_not_roll_the_pods_but_restart_settings_do() -
     assert changed.manifests[0] != base.manifests[0]  # the ConfigMap changed, in place
     restart = parse_spec({**cr["spec"], "timeouts": {**cr["spec"]["timeouts"], "queue": "3s"}})
     assert render(owner, restart, hashes, ENV, salt=TEST_SALT).config_hash != base.config_hash
+
+
+# -- the edge token, the NetworkPolicy, the gateway scraped (issue 19 §2-§3) -----------------------
+
+
+def _gateway_render(env: Environment = ENV, edge_token: str | None = TEST_EDGE_TOKEN, **patch: Any) -> Any:
+    cr = load_case("gateway")
+    spec = parse_spec({**cr["spec"], **patch})
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    return render(Owner("edge", "serving", "u"), spec, hashes, env, salt=TEST_SALT, edge_token=edge_token)
+
+
+def _named(rendered: Any, kind: str, name: str) -> dict[str, Any] | None:
+    return next((m for m in rendered.manifests if (m["kind"], m["metadata"]["name"]) == (kind, name)), None)
+
+
+def test_edge_token_is_derived_from_the_quota_key_mounted_in_both_and_named_in_both_configs() -> None:
+    import base64
+    import dataclasses
+    import hashlib
+    import hmac
+
+    from operator_support import TEST_QUOTA_KEY
+    from sluiceway_core.edge import DEFAULT_TOKEN_FILE
+    from sluiceway_gateway.config import GatewayConfig
+
+    keyed = dataclasses.replace(ENV, quota_key=TEST_QUOTA_KEY)
+    rendered = _gateway_render(keyed, edge_token="ignored-when-the-operator-has-a-key-000000")
+    secret = _named(rendered, "Secret", "edge-edge")
+    assert secret is not None and secret["type"] == "Opaque" and list(secret["data"]) == ["token"]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert token == hmac.new(TEST_QUOTA_KEY, b"edge:serving/edge", hashlib.sha256).hexdigest()
+    other = _named(
+        render(
+            Owner("edge", "other-ns", "u"),
+            parse_spec(load_case("gateway")["spec"]),
+            {t: hash_key(k, TEST_SALT) for t, k in TEST_KEYS.items()},
+            keyed,
+            salt=TEST_SALT,
+        ),
+        "Secret",
+        "edge-edge",
+    )
+    assert other is not None and base64.b64decode(other["data"]["token"]).decode() != token  # per service
+    # mounted (no subPath: a rotation reaches running pods) in the pods and the gateway
+    for dep_name in ("edge", "edge-gateway"):
+        dep = _named(rendered, "Deployment", dep_name)
+        assert dep is not None
+        pod = dep["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert {"name": "edge", "mountPath": "/etc/sluiceway/edge", "readOnly": True} in c["volumeMounts"], dep_name
+        assert not any("subPath" in m for m in c["volumeMounts"] if m["name"] == "edge")
+        assert {"name": "edge", "secret": {"secretName": "edge-edge"}} in pod["volumes"], dep_name
+    assert rendered.pod_config.edge is not None and rendered.pod_config.edge.token_file == DEFAULT_TOKEN_FILE
+    gw_cm = _named(rendered, "ConfigMap", "edge-gateway")
+    assert gw_cm is not None
+    gw = GatewayConfig.model_validate(yaml.safe_load(gw_cm["data"]["gateway.yaml"]))
+    assert gw.edge is not None and gw.edge.token_file == "/etc/sluiceway/edge/token"
+    # the token itself is in the Secret only: no ConfigMap, no other child carries it
+    for m in rendered.manifests:
+        if m is not secret:
+            assert token not in yaml.safe_dump(m), m["kind"]
+
+
+def test_edge_token_without_a_quota_key_is_the_callers_and_none_is_a_spec_error() -> None:
+    import base64
+
+    rendered = _gateway_render(edge_token="kept-token-" + "a" * 40)
+    secret = _named(rendered, "Secret", "edge-edge")
+    assert secret is not None and base64.b64decode(secret["data"]["token"]).decode() == "kept-token-" + "a" * 40
+    with pytest.raises(SpecError, match="edge token"):
+        _gateway_render(edge_token=None)
+
+
+def test_without_the_gateway_no_edge_secret_field_mount_or_network_policy() -> None:
+    rendered = _render_case("minimal")
+    assert not [
+        m for m in rendered.manifests if m["kind"] in ("Secret", "NetworkPolicy") and "edge" in m["metadata"]["name"]
+    ]
+    assert not [m for m in rendered.manifests if m["kind"] == "NetworkPolicy"]
+    assert rendered.pod_config.edge is None
+    assert "edge" not in rendered.manifests[0]["data"]["config.yaml"]
+    dep = _named(rendered, "Deployment", "tiny")
+    assert dep is not None
+    assert all(v["name"] != "edge" for v in dep["spec"]["template"]["spec"]["volumes"])
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "tiny") in rendered.absent
+    assert ("v1", "Service", "tiny-gateway-metrics") in rendered.absent
+
+
+def test_network_policy_admits_only_the_gateway_to_the_inference_port() -> None:
+    rendered = _gateway_render()
+    pol = _named(rendered, "NetworkPolicy", "edge")
+    assert pol is not None
+    inference = _named(rendered, "Deployment", "edge")
+    gateway = _named(rendered, "Deployment", "edge-gateway")
+    assert inference is not None and gateway is not None
+
+    def selects(selector: dict[str, str], dep: dict[str, Any]) -> bool:
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    spec = pol["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert selects(spec["podSelector"]["matchLabels"], inference)
+    assert not selects(spec["podSelector"]["matchLabels"], gateway)
+    http, metrics = spec["ingress"]
+    assert http["ports"] == [{"port": "http", "protocol": "TCP"}]
+    (peer,) = http["from"]
+    assert list(peer) == ["podSelector"]  # this namespace only, the gateway's pods only
+    assert selects(peer["podSelector"]["matchLabels"], gateway)
+    assert not selects(peer["podSelector"]["matchLabels"], inference)
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}]}  # probes, Prometheus: as without it
+    off = _gateway_render(gateway={**load_case("gateway")["spec"]["gateway"], "networkPolicy": False})
+    assert _named(off, "NetworkPolicy", "edge") is None
+    assert ("networking.k8s.io/v1", "NetworkPolicy", "edge") in off.absent
+
+
+def test_the_service_monitor_scrapes_the_gateway_with_the_pods_labels() -> None:
+    """The one ServiceMonitor selects the gateway's headless metrics Service too; its relabelings give
+    the gateway's series inferenceservice (pod label) and component="gateway"."""
+    import re as _re
+
+    rendered = _gateway_render()
+    sm = _named(rendered, "ServiceMonitor", "edge")
+    svc = _named(rendered, "Service", "edge-gateway-metrics")
+    pods_svc = _named(rendered, "Service", "edge-metrics")
+    gateway = _named(rendered, "Deployment", "edge-gateway")
+    inference = _named(rendered, "Deployment", "edge")
+    assert sm is not None and svc is not None and pods_svc is not None and gateway is not None and inference
+    want = sm["spec"]["selector"]["matchLabels"]
+    for s in (svc, pods_svc):
+        assert all(s["metadata"]["labels"].get(k) == v for k, v in want.items())
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9091, "targetPort": "metrics", "protocol": "TCP"}]
+    gw_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    assert all(gw_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    pod_labels = inference["spec"]["template"]["metadata"]["labels"]
+    assert not all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    (endpoint,) = sm["spec"]["endpoints"]
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert relabel["inferenceservice"]["sourceLabels"] == ["__meta_kubernetes_pod_label_sluiceway_io_inferenceservice"]
+    comp = relabel["component"]
+    src = comp["sourceLabels"][0].removeprefix("__meta_kubernetes_pod_label_")
+    # Prometheus anchors the regex; only the gateway's pods get the label
+    assert _re.fullmatch(
+        comp["regex"], gw_labels[next(k for k in gw_labels if _re.sub(r"[^A-Za-z0-9]", "_", k) == src)]
+    )
+    assert not _re.fullmatch(
+        comp["regex"], pod_labels[next(k for k in pod_labels if _re.sub(r"[^A-Za-z0-9]", "_", k) == src)]
+    )
+    assert comp["replacement"] == "gateway"
