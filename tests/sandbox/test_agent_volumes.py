@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import stat
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,27 @@ def test_a_mount_over_tmp_keeps_the_checkout_and_python_visible() -> None:
     assert "mount --bind /run/sluiceway-keep/0 /tmp/clone" in script
     assert "/usr/local" not in script  # not under any mount: left alone
     assert host_paths() and all(p != "/" for p in host_paths())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (util-linux)")
+def test_a_read_only_volume_may_hold_another_volumes_mount_point(tmp_path: Path) -> None:
+    """As the kubelet allows since Kubernetes 1.10 (API data volumes mounted within each other): the
+    operator mounts the gateway's config (a read-only configMap) at /etc/sluiceway and its edge token
+    (a read-only secret) at /etc/sluiceway/edge. The prologue, run for real in a private mount
+    namespace, binds both and the parent stays read-only."""
+    config, edge, root = tmp_path / "config", tmp_path / "edge", tmp_path / "root"
+    for d, name in ((config, "gateway.yaml"), (edge, "token")):
+        d.mkdir()
+        (d / name).write_text(f"{name}-content\n")
+    parent, child = str(root / "etc" / "sluiceway"), str(root / "etc" / "sluiceway" / "edge")
+    script = prologue([Mount(edge, child, True), Mount(config, parent, True)], None, None, None)
+    check = f"cat {parent}/gateway.yaml {child}/token; touch {parent}/x 2>/dev/null && echo writable || echo ro"
+    out = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", "sh", "-c", check],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["gateway.yaml-content", "token-content", "ro"], out.stdout
 
 
 # ---------------------------------------------------------------- issue 22: volumes follow their sources

@@ -50,7 +50,9 @@ def prologue(
 
     ``keep``: host directories that must stay visible; any of them under a mount target is bind-
     mounted aside first and back at its own path after the volumes (the mount namespace is private,
-    so the host sees none of this)."""
+    so the host sees none of this). Read-only mounts turn read-only after every bind, so a mount
+    point inside a read-only volume is created in that volume's directory first, as the kubelet
+    does for API data volumes mounted within each other."""
     lines = ["set -e"]
     binds: list[Mount] = list(mounts)
     if hosts is not None:
@@ -67,10 +69,11 @@ def prologue(
         else:
             lines.append(f"mkdir -p $(dirname {dst}) && [ -e {dst} ] || : > {dst}")
         lines.append(f"mount --bind {src} {dst}")
-        if m.read_only:
-            lines.append(f"mount -o remount,bind,ro {dst}")
     for i, k in enumerate(hidden):
         lines.append(f"mkdir -p {shlex.quote(k)} && mount --bind {KEEP_STAGE}/{i} {shlex.quote(k)}")
+    # read-only last: a read-only volume may hold another volume's mount point (a secret within a
+    # configMap's directory, as the kubelet allows), which must be made before the parent turns ro
+    lines.extend(f"mount -o remount,bind,ro {shlex.quote(m.target)}" for m in order_mounts(binds) if m.read_only)
     if cwd:
         lines.append(f"cd {shlex.quote(cwd)}")
     lines.append('exec "$@"')
