@@ -17,6 +17,11 @@ __all__ = [
     "DEGRADED",
     "DEQUEUED",
     "ENQUEUED",
+    "GATEWAY_HELD",
+    "GATEWAY_HELD_BYTES",
+    "GATEWAY_HOLD_REFUSED",
+    "GATEWAY_REFUSED",
+    "GATEWAY_WANT_OF_POD_REASONS",
     "GPU_MEMORY_ALLOCATED",
     "INFERENCE_SECONDS",
     "NOT_DEMAND_REASONS",
@@ -80,6 +85,21 @@ CONFIG_RELOAD = "sluiceway_config_reload_total"
 CONFIG_RELOAD_FAILING = "sluiceway_config_reload_failing"
 #: How long each phase of a pod's last start took (fetched, loaded, warmed, ready), in seconds.
 START_PHASE_SECONDS = "sluiceway_start_phase_seconds"
+
+#: The gateway's hold queue (issue 20; ``sluiceway_gateway.metrics``): requests and bytes held now
+#: because no ready pod can take them, summed over the gateway's replicas by the scaler's queries.
+GATEWAY_HELD = "sluiceway_gateway_held_requests"
+GATEWAY_HELD_BYTES = "sluiceway_gateway_held_bytes"
+#: Requests refused at the hold queue's bounds, by bound (``reason``: full, bytes_full, ...); the
+#: gateway creates every bound's series at 0, so Prometheus sees the first refusal as an increase.
+GATEWAY_HOLD_REFUSED = "sluiceway_gateway_hold_refused_total"
+#: Every error answer of the gateway, by ``reason`` (its error taxonomy).
+GATEWAY_REFUSED = "sluiceway_gateway_refused_total"
+#: ``reason`` labels of ``GATEWAY_REFUSED`` that mean "no pod could take the request", besides the
+#: hold queue's bounds (``GATEWAY_HOLD_REFUSED``): no pod ready and no hold queue, or a request
+#: held to its deadline. The scaler's activation counts them with the bounds' refusals: a service
+#: whose requests are all refused at once (deadlines shorter than its start-up) must still wake.
+GATEWAY_WANT_OF_POD_REASONS = ("no_ready_pods", "hold_timeout")
 
 # Labels that Prometheus's relabeling puts on every scraped inference-pod series.
 SCRAPE_LABELS = ("namespace", "inferenceservice", "pod")

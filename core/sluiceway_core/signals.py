@@ -2,7 +2,12 @@
 planner, the operator's status and builtin engine, and the rendered KEDA ``prometheus`` triggers.
 
 Every series is selected by the labels the scrape config sets on an InferenceService's pods:
-``namespace="<ns>", inferenceservice="<name>"``. Pure: builds strings, runs nothing.
+``namespace="<ns>", inferenceservice="<name>"``. The gateway's series (issue 20: ``held``,
+``refused_no_pod``) are selected by the same labels and by their ``sluiceway_gateway_*`` names: its
+pods carry the InferenceService's label (``sluiceway.io/inferenceservice``), and its scrape job
+relabels them as the pods' job does, adding ``component="gateway"``; the queries that count
+targets (``up``) leave that component out, so the gateway's replicas never count as pods.
+Pure: builds strings, runs nothing.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from dataclasses import dataclass
 
 from . import metric_names as m
 
-__all__ = ["Queries", "selector"]
+__all__ = ["GATEWAY_COMPONENT", "Queries", "selector"]
 
 _LABEL_VALUE_BAD = ('"', "\\", "\n")
+
+
+#: The label the gateway's scrape job sets on its targets (docs/autoscaling.md, "Scale to zero").
+GATEWAY_COMPONENT = 'component="gateway"'
 
 
 def selector(namespace: str, inference_service: str) -> str:
@@ -46,14 +55,21 @@ class Queries:
     request_cost: str = ""
     #: Requests in the pods, running and queued, summed (issue 21: the policy's concurrency term).
     requests_in_pods: str = ""
+    #: Requests the gateway holds now, summed over its replicas (issue 20: ``Signals.held``).
+    held: str = ""
+    #: Requests the gateway refused for want of a pod within the rate window: at the hold queue's
+    #: bounds, none ready without a hold queue, held to their deadline (``Signals.refused_no_pod``).
+    refused_no_pod: str = ""
 
     @classmethod
     def build(cls, namespace: str, inference_service: str, window: str = "2m") -> Queries:
         s = selector(namespace, inference_service)
+        pods = f'{s},component!="gateway"'  # targets (``up``) of the pods only
+        want = "|".join(m.GATEWAY_WANT_OF_POD_REASONS)
         return cls(
             # Pods that are up but have not created a queue-depth series yet count as 0; if no pod
             # is up the result is empty (-> hold), never 0.
-            queue_depth=f"sum({m.QUEUE_DEPTH}{{{s}}}) or (sum(up{{{s}}} == 1) * 0)",
+            queue_depth=f"sum({m.QUEUE_DEPTH}{{{s}}}) or (sum(up{{{pods}}} == 1) * 0)",
             # NaN when nothing waited inside the window.
             wait_p95=(
                 "histogram_quantile(0.95, sum by (le) "
@@ -61,7 +77,7 @@ class Queries:
             ),
             arrival_rate=f"sum(rate({m.ENQUEUED}{{{s}}}[{window}]))",
             completion_rate=f"sum(rate({m.DEQUEUED}{{{s}}}[{window}]))",
-            pods_up=f"sum(up{{{s}}} == 1)",
+            pods_up=f"sum(up{{{pods}}} == 1)",
             service_time=(
                 f"sum(rate({m.INFERENCE_SECONDS}_sum{{{s}}}[{window}]))"
                 f" / sum(rate({m.INFERENCE_SECONDS}_count{{{s}}}[{window}]))"
@@ -80,6 +96,12 @@ class Queries:
             # (``Signals.requests_in_pods``). Empty when no pod reports: the term is skipped.
             requests_in_pods=(
                 f"sum({m.CONCURRENCY_IN_USE}{{{s}}}) + (sum({m.QUEUE_DEPTH}{{{s}}}) or vector(0))"
+            ),
+            # The gateway's hold queue (empty when no gateway is scraped: the signal is unknown).
+            held=f"sum({m.GATEWAY_HELD}{{{s}}})",
+            refused_no_pod=(
+                f"(sum(increase({m.GATEWAY_HOLD_REFUSED}{{{s}}}[{window}])) or vector(0))"
+                f' + (sum(increase({m.GATEWAY_REFUSED}{{{s},reason=~"{want}"}}[{window}])) or vector(0))'
             ),
             # Device seconds per answered request (batches share their device time).
             request_cost=(

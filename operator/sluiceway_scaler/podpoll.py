@@ -7,6 +7,12 @@ interval of the first request. Blocking I/O (:func:`sluiceway_core.httpget.http_
 URL, a hard deadline, answers capped at 8 MiB); called from a gRPC worker thread. A pod that cannot
 be read, or whose numbers are not finite and non-negative, is skipped; if none can be read the
 result is ``None`` (unknown), which never deactivates the service.
+
+A URL may also be a gateway's ``/metrics`` (issue 20): its held requests count as queued, and its
+refusals for want of a pod (the hold queue's bounds, ``no_ready_pods``, ``hold_timeout``) as
+requests enqueued, so the first request held or refused at zero activates within one poll. The
+trigger's Prometheus signals are consulted as well when no URL shows activity
+(:meth:`sluiceway_scaler.service.ExternalScalerService.activity`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+from sluiceway_core import metric_names as m
 from sluiceway_core.httpget import FetchError, http_get
 
 from sluiceway_scaler.metrics import ScalerMetrics
@@ -37,7 +44,9 @@ class PodActivity:
 
 
 _MAX_BYTES = 8 << 20
-_WANTED = ("sluiceway_queue_depth", "sluiceway_concurrency_in_use", "sluiceway_enqueued_total")
+_QUEUED = (m.QUEUE_DEPTH, m.GATEWAY_HELD)
+_ENQUEUED = (m.ENQUEUED, m.GATEWAY_HOLD_REFUSED)
+_WANTED = (*_QUEUED, m.CONCURRENCY_IN_USE, *_ENQUEUED, m.GATEWAY_REFUSED)
 
 
 def _read(url: str, timeout: float) -> tuple[float, float, float]:
@@ -48,11 +57,16 @@ def _read(url: str, timeout: float) -> tuple[float, float, float]:
     sums = dict.fromkeys(_WANTED, 0.0)
     for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
         for s in fam.samples:
-            if s.name in sums:
+            name = s.name
+            if name == m.GATEWAY_REFUSED and s.labels.get("reason") not in m.GATEWAY_WANT_OF_POD_REASONS:
+                continue
+            if name in sums:
                 if not (math.isfinite(s.value) and s.value >= 0):
-                    raise ValueError(f"{s.name} is {s.value}")
-                sums[s.name] += s.value
-    return sums["sluiceway_queue_depth"], sums["sluiceway_concurrency_in_use"], sums["sluiceway_enqueued_total"]
+                    raise ValueError(f"{name} is {s.value}")
+                sums[name] += s.value
+    queued = sum(sums[n] for n in _QUEUED)
+    enqueued = sum(sums[n] for n in _ENQUEUED) + sums[m.GATEWAY_REFUSED]
+    return queued, sums[m.CONCURRENCY_IN_USE], enqueued
 
 
 def poll_pods(

@@ -14,7 +14,10 @@ Every series is selected by the labels the scrape config sets on an InferenceSer
 
 Failure semantics for the scaler: an error, garbage (not JSON, wrong shapes, several series, a
 value that is not a number, a queue depth that is infinite or negative), an empty result or NaN for
-the queue depth gives ``Signals(ok=False)`` with the reason first in ``detail`` (the policy holds).
+the queue depth gives ``Signals(ok=False)`` with the reason first in ``detail`` (the policy holds),
+except that an empty queue depth while the gateway holds requests reads as 0 pods ready with the
+held count (issue 20: the hold term sizes the pods at zero). The gateway's held count and refusals
+for want of a pod are read first and kept in every answer, ``ok`` or not, for the activation.
 A NaN wait p95 means no request waited inside the rate window (the histogram has no new
 observations); it is reported as ``wait_p95=None`` with ``ok=True``.
 """
@@ -99,10 +102,20 @@ class PrometheusSource:
         """The policy's signals and the number of pods up. Never raises: failures give ``ok=False``."""
         started = time.perf_counter()
         try:
+            # the gateway's hold queue first: at zero no pod is scraped, and what the gateway holds
+            # or refused for want of a pod is all there is to read (issue 20)
+            held = _count(self.scalar(address, queries.held, timeout)) if queries.held else None
+            refused = None
+            if held is not None and queries.refused_no_pod:
+                refused = _count(self.scalar(address, queries.refused_no_pod, timeout))
             depth = self.scalar(address, queries.queue_depth, timeout)
             if depth is None:
                 why = "empty: no pod of this InferenceService is scraped"
-                return Signals(None, ok=False, detail=why), None
+                if held is not None and held > 0:
+                    # nothing serves and the gateway holds requests: 0 pods ready, the hold term sizes
+                    return Signals(0.0, ready_replicas=0, held=held, refused_no_pod=refused,
+                                   detail=f"{why}; the gateway holds {held:g}"), 0
+                return Signals(None, ok=False, detail=why, held=held, refused_no_pod=refused), None
             if math.isnan(depth):
                 return Signals(None, ok=False, detail="nan: queue depth is NaN"), None
             if math.isinf(depth) or depth < 0:
@@ -137,6 +150,8 @@ class PrometheusSource:
                 permits=int(limit) if limit is not None and limit >= 1 else None,
                 ready_replicas=up,
                 requests_in_pods=_finite(in_pods) if in_pods is None or in_pods >= 0 else None,
+                held=held,
+                refused_no_pod=refused,
             ),
             up,
         )
@@ -169,6 +184,11 @@ def _sample(result: list[dict[str, Any]]) -> float | None:
         return float(raw)  # Prometheus writes NaN, +Inf, -Inf as such; float() reads them
     except ValueError:
         raise ValueError("the sample value is not a number") from None
+
+
+def _count(x: float | None) -> float | None:
+    """A count read from the gateway: finite and not negative, else unknown."""
+    return x if x is not None and math.isfinite(x) and x >= 0 else None
 
 
 def _finite(x: float | None) -> float | None:

@@ -158,6 +158,19 @@ def _strip_index(name: str) -> str:
     return name
 
 
+def _active(signals: Signals) -> bool | None:
+    """Activation from the Prometheus signals: the gateway holds a request or refused one for want
+    of a pod within the rate window (issue 20: read even with no pod scraped, at zero), or a pod has
+    a queue or admitted requests in the window. ``None`` (unknown: the last answer stands) when no
+    pod is scraped and the gateway shows nothing."""
+    gateway = (signals.held or 0.0) > 0 or (signals.refused_no_pod or 0.0) > 0
+    if not signals.ok or signals.queue_depth is None:
+        # no pod scraped: the gateway's word when it has one; otherwise unknown (a pod scrape that
+        # broke must not deactivate a serving service)
+        return True if gateway else None
+    return gateway or signals.queue_depth > 0 or (signals.arrival_rate or 0.0) > 0
+
+
 def _hold_reason(signals: Signals) -> str:
     return signals.detail.split(":", 1)[0] or "empty"
 
@@ -338,17 +351,20 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def activity(
         self, cfg: TriggerConfig, entry: _Entry, previous: PodActivity | None
     ) -> tuple[bool | None, PodActivity | None]:
-        """Whether there is demand: ``None`` when unknown. Direct pod poll if configured, else the
-        trigger's (shared) Prometheus signals."""
+        """Whether there is demand: ``None`` when unknown. Direct pod poll if configured (with the
+        gateway's hold queue from Prometheus when the pods show none), else the trigger's (shared)
+        Prometheus signals (:func:`_active`)."""
         if cfg.pod_metrics_urls:
             now = poll_pods(cfg.pod_metrics_urls, cfg.query_timeout, self._metrics)
-            if now is None:
-                return None, previous
-            return now.active_since(previous), now
+            polled = None if now is None else now.active_since(previous)
+            if not polled:
+                # at zero the pods cannot be read: the gateway's hold queue through Prometheus
+                gateway, _ = self._signals(cfg, entry)
+                if (gateway.held or 0.0) > 0 or (gateway.refused_no_pod or 0.0) > 0:
+                    polled = True
+            return polled, (previous if now is None else now)
         signals, _ = self._signals(cfg, entry)
-        if not signals.ok or signals.queue_depth is None:
-            return None, None
-        return signals.queue_depth > 0 or (signals.arrival_rate or 0.0) > 0, None
+        return _active(signals), None
 
     # --- RPCs -------------------------------------------------------------------------------
     def IsActive(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -1,0 +1,121 @@
+"""Activation from the gateway's hold queue (issue 20), fast: a Prometheus stand-in and a stand-in
+gateway ``/metrics`` (the real processes are in test_activation_gateway.py). Each failed before the
+fix: with no pod series the scaler's answer was "unknown", which repeats the last answer (``false``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from fakeprom import FakePrometheus
+from scaler_support import ref, start_scaler
+from sluiceway_scaler.podpoll import poll_pods
+
+IDLE_POD = {"sluiceway_queue_depth": 0.0, "up{": 1.0, "sluiceway_enqueued_total": 0.0}
+
+
+def md(prom: FakePrometheus, **extra: str) -> dict[str, str]:
+    return {"inferenceService": "demo", "prometheusAddress": prom.url, "targetQueueDepthPerReplica": "4",
+            "minReplicas": "0", "activationPollInterval": "100ms", "queryTimeout": "500ms", **extra}
+
+
+def test_the_stream_pushes_true_when_the_gateway_holds_at_zero() -> None:
+    prom = FakePrometheus(dict(IDLE_POD))
+    try:
+        with start_scaler(prometheus=(prom.url,)) as s:
+            stream = s.stub.StreamIsActive(ref(**md(prom)), timeout=8)
+            assert next(stream).result is False
+            prom.values = {"sluiceway_gateway_held_requests": 0.0}  # scaled to zero: no pod series
+            assert s.stub.IsActive(ref(**md(prom)), timeout=5).result is False  # unknown: the last answer
+            prom.values = {"sluiceway_gateway_held_requests": 2.0}
+            assert next(stream).result is True
+            stream.cancel()
+    finally:
+        prom.close()
+
+
+def test_requests_refused_for_want_of_a_pod_activate_with_nothing_held() -> None:
+    """Deadlines shorter than the start-up: the gateway holds nothing and refuses at once; the
+    refusals in the rate window activate the service."""
+    prom = FakePrometheus({"sluiceway_gateway_held_requests": 0.0})
+    try:
+        with start_scaler(prometheus=(prom.url,)) as s:
+            s.stub.IsActive(ref(**md(prom)), timeout=5)
+            prom.values["sluiceway_gateway_hold_refused_total"] = 3.0
+            assert s.stub.IsActive(ref(**md(prom, rateWindow="2m")), timeout=5).result is True
+            assert any("sluiceway_gateway_hold_refused_total" in q and "no_ready_pods|hold_timeout" in q
+                       for q in prom.queries)
+    finally:
+        prom.close()
+
+
+def test_the_held_count_makes_get_metrics_ask_for_pods_at_zero() -> None:
+    prom = FakePrometheus({"sluiceway_gateway_held_requests": 40.0})
+    try:
+        with start_scaler(prometheus=(prom.url,)) as s:
+            from sluiceway_scaler import externalscaler_pb2 as pb
+
+            req = pb.GetMetricsRequest(scaledObjectRef=ref(**md(prom, maxReplicas="100")),
+                                       metricName="sluiceway-replicas-team-a-demo")
+            value = s.stub.GetMetrics(req, timeout=5).metricValues[0].metricValueFloat
+            assert value == 50.0  # 40 held, permits unknown (1 a pod), 80 %: ceil(40 / 0.8)
+    finally:
+        prom.close()
+
+
+class _Text:
+    body = b""
+
+
+@pytest.fixture
+def gateway_metrics() -> Iterator[tuple[str, type[_Text]]]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(_Text.body)))
+            self.end_headers()
+            self.wfile.write(_Text.body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics", _Text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _gateway(held: float, full: float, no_pod: float, other: float) -> bytes:
+    return (
+        "# TYPE sluiceway_gateway_held_requests gauge\n"
+        f"sluiceway_gateway_held_requests {held}\n"
+        "# TYPE sluiceway_gateway_hold_refused_total counter\n"
+        f'sluiceway_gateway_hold_refused_total{{reason="full"}} {full}\n'
+        "# TYPE sluiceway_gateway_refused_total counter\n"
+        f'sluiceway_gateway_refused_total{{reason="no_ready_pods"}} {no_pod}\n'
+        f'sluiceway_gateway_refused_total{{reason="invalid_input"}} {other}\n'
+    ).encode()
+
+
+def test_a_gateway_metrics_url_in_pod_metrics_urls_activates_on_held_and_refused(
+    gateway_metrics: tuple[str, type[_Text]],
+) -> None:
+    url, text = gateway_metrics
+    text.body = _gateway(0, 0, 0, 0)
+    idle = poll_pods((url,), 2.0)
+    assert idle is not None and not idle.active_since(None)
+    text.body = _gateway(2, 0, 0, 0)
+    held = poll_pods((url,), 2.0)
+    assert held is not None and held.active_since(idle)
+    text.body = _gateway(0, 0, 0, 5)  # a client's mistake is no demand for a pod
+    assert not poll_pods((url,), 2.0).active_since(idle)  # type: ignore[union-attr]
+    for body in (_gateway(0, 1, 0, 0), _gateway(0, 0, 1, 0)):
+        text.body = body
+        assert poll_pods((url,), 2.0).active_since(idle)  # type: ignore[union-attr]
