@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluiceway_core.keys import hash_key, new_salt, parse_keys_text
+from sluiceway_core.metric_names import START_PHASE_SECONDS
 from sluiceway_core.policy import (
     ScaleDownPolicy,
     ScaleHistory,
@@ -45,7 +46,7 @@ from sluiceway_core.policy import (
     desired_replicas,
 )
 from sluiceway_core.promclient import PromTimeout
-from sluiceway_core.signals import Queries
+from sluiceway_core.signals import Queries, selector
 from sluiceway_core.units import parse_duration
 
 from . import GROUP, KIND, VERSION
@@ -62,6 +63,7 @@ from .kube import (
 from .policy import POLICY_REASON, PROMETHEUS_REASON, check_policy
 from .prom import PrometheusError, query_scalar, query_vector
 from .render import (
+    CONFIG_HASH_ANNOTATION,
     EDGE_TOKEN_KEY,
     KEYS_FILE,
     RBAC_API,
@@ -79,7 +81,7 @@ from .render import (
 )
 from .settings import OperatorConfig
 from .spec import InferenceServiceSpec, SpecError, parse_spec
-from .status import Observed, TenantQuota, compute_status
+from .status import Observed, TenantQuota, build_startup, compute_status, newest_ready_pod
 
 __all__ = ["ApplyOutcome", "ObjectState", "Reconciler", "SignalsOutcome", "builtin_scaling_spec"]
 
@@ -87,14 +89,25 @@ log = logging.getLogger(__name__)
 
 #: An edge token the operator made (64 hex digits) or any the gateway and pods would accept.
 _EDGE_TOKEN = re.compile(r"[A-Za-z0-9_-]{32,512}")
+#: A Pod's name (a DNS subdomain) as it may appear in a PromQL label matcher.
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 #: The builtin engine keeps the GPU permits at most this busy (the scaler's default, 80 %).
 BUILTIN_TARGET_UTILISATION = 0.8
 
 
-def builtin_scaling_spec(spec: InferenceServiceSpec) -> ScalingSpec:
-    """The builtin engine's policy settings, from ``spec.autoscaling`` (pure)."""
+#: The rate window of the builtin engine's queries (``Queries.build``: offered, completion and
+#: admitted rates, the request cost).
+BUILTIN_RATE_WINDOW = "2m"
+
+
+def builtin_scaling_spec(spec: InferenceServiceSpec, decision_interval: float = 15.0) -> ScalingSpec:
+    """The builtin engine's policy settings, from ``spec.autoscaling`` (pure). ``decision_interval``
+    is the operator's signals interval (``SLUICEWAY_SIGNALS_INTERVAL``): a shortage term's count
+    is held for the rate window plus a scrape (``monitoring.interval``) plus one decision, the time
+    the load terms need to see what the new pods serve."""
     a = spec.autoscaling
+    hold = parse_duration(BUILTIN_RATE_WINDOW) + parse_duration(spec.monitoring.interval) + decision_interval
     return ScalingSpec(
         min_replicas=a.min_replicas,
         max_replicas=a.max_replicas,
@@ -111,6 +124,7 @@ def builtin_scaling_spec(spec: InferenceServiceSpec) -> ScalingSpec:
             max_percent=float(a.scale_down.max_percent_per_period),
             release_window=a.scale_down.release_window_seconds,
         ),
+        shortage_hold=hold,
     )
 
 
@@ -168,6 +182,8 @@ class ObjectState:
     series_missing_since: float | None = None
     #: MetricsAvailable's status ("True"/"False") last posted as an Event.
     metrics_posted: str | None = None
+    #: ``status.startup`` as last measured (:func:`.status.build_startup`).
+    startup: dict[str, Any] | None = None
 
 
 def controlled_pod(pod: Mapping[str, Any], deployment: Mapping[str, Any]) -> bool:
@@ -484,7 +500,7 @@ class Reconciler:
         if prom_url and not allow.allows(prom_url):
             prom_error = self._prometheus_refusal(prom_url)  # never fetched
         elif prom_url:
-            q = Queries.build(namespace, name)
+            q = Queries.build(namespace, name, BUILTIN_RATE_WINDOW)
             try:
                 readings = {
                     "queue": scalar(q.queue_depth),
@@ -499,6 +515,8 @@ class Reconciler:
                         "offered": scalar(q.offered_rate),
                         "completed": scalar(q.completion_rate),
                         "cost": scalar(q.request_cost),
+                        # running + queued in the pods: the policy's concurrency term
+                        "in_pods": scalar(q.requests_in_pods) if q.requests_in_pods else None,
                     }
             except PrometheusError as err:  # its message never holds the answer's bytes
                 prom_error = str(err)
@@ -520,6 +538,11 @@ class Reconciler:
                 )
             except PrometheusError as err:
                 log.warning("%s/%s: per-tenant admitted rates unavailable: %s", namespace, name, err)
+        if prom_url and prom_error is None:
+            try:
+                self._measure_startup(Owner(name, namespace, meta["uid"]), prom_url, st, remaining)
+            except PrometheusError as err:  # the last measurement stays; the engine is not held
+                log.warning("%s/%s: start phases unavailable: %s", namespace, name, err)
         note: str | None = None
         if spec.autoscaling.engine == "builtin":
             note = self._builtin(spec, Owner(name, namespace, meta["uid"]), readings, prom_url, prom_error, st)
@@ -534,6 +557,41 @@ class Reconciler:
             tenant_admitted=admitted,
             series_found=series_found,
         )
+
+    def _measure_startup(self, owner: Owner, prom_url: str, st: ObjectState, remaining: Callable[[], float]) -> None:
+        """``status.startup`` from the newest ready pod of the current revision: its scheduled phase
+        from the Pod, the others from its ``sluiceway_start_phase_seconds{phase}`` series. Read once
+        per pod (again while the pod has not reported ``ready``); lock held."""
+        deployment = self.kube.get("apps/v1", "Deployment", owner.namespace, owner.name)
+        if deployment is None or not controlled_by(deployment, owner.uid):
+            return
+        if not int((deployment.get("status") or {}).get("readyReplicas") or 0):
+            return
+        pods = [
+            p
+            for p in self.kube.list_pods(owner.namespace, selector_labels(owner.name))
+            if controlled_pod(p, deployment)
+        ]
+        pod = newest_ready_pod(pods, deployment)
+        pod_name = str(((pod or {}).get("metadata") or {}).get("name") or "")
+        if pod is None or not _POD_NAME.fullmatch(pod_name):
+            return
+        if st.startup is not None and st.startup.get("pod") == pod_name:
+            return  # measured (a pod's start does not change)
+        promql = f'max by (phase) ({START_PHASE_SECONDS}{{{selector(owner.namespace, owner.name)},pod="{pod_name}"}})'
+        phases = query_vector(
+            prom_url,
+            promql,
+            "phase",
+            allow=self.config.prometheus_allow_list,
+            timeout=remaining(),
+            auth=self.config.prom_auth,
+        )
+        tpl = (deployment.get("spec") or {}).get("template") or {}
+        revision = ((tpl.get("metadata") or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
+        startup = build_startup(pod, phases, revision if isinstance(revision, str) else None, _now())
+        if startup is not None:
+            st.startup = startup
 
     def _builtin(
         self,
@@ -551,7 +609,7 @@ class Reconciler:
         current = int((deployment.get("spec") or {}).get("replicas") or 0)
         queue = readings.get("queue")
         if prom_url and prom_error is None and queue is not None:
-            ready, permits = readings.get("ready"), readings.get("permits")
+            ready, permits, in_pods = readings.get("ready"), readings.get("permits"), readings.get("in_pods")
             signals = Signals(
                 queue_depth=queue,
                 wait_p95=readings.get("wait"),
@@ -561,13 +619,14 @@ class Reconciler:
                 request_cost=readings.get("cost"),
                 permits=int(permits) if permits is not None and permits >= 1 else None,
                 ready_replicas=int(ready) if ready is not None and ready >= 0 else None,
+                requests_in_pods=in_pods if in_pods is not None and in_pods >= 0 else None,
             )
         else:
             detail = prom_error or (
                 "no sluiceway_queue_depth series in Prometheus" if prom_url else "Prometheus not configured"
             )
             signals = Signals(queue_depth=None, ok=False, detail=detail)
-        scaling = builtin_scaling_spec(spec)
+        scaling = builtin_scaling_spec(spec, self.config.signals_interval)
         decision = desired_replicas(signals, scaling, current, st.scale_history or ScaleHistory(), self.clock())
         st.scale_history = decision.history
         replicas = clamp_replicas(spec, decision.replicas)
@@ -594,9 +653,7 @@ class Reconciler:
                 scaled_object = None
         pods: list[dict[str, Any]] = []
         if applied.model_fetch and deployment is not None:
-            pods = [
-                p for p in self.kube.list_pods(namespace, selector_labels(name)) if controlled_pod(p, deployment)
-            ]
+            pods = [p for p in self.kube.list_pods(namespace, selector_labels(name)) if controlled_pod(p, deployment)]
         sig = st.signals
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
         if sig is None or sig.series_found is None:
@@ -633,6 +690,7 @@ class Reconciler:
             series_missing_seconds=missing,
             model_fetch=applied.model_fetch,
             pods=pods,
+            startup=st.startup,
         )
         previous = (st.status or body.get("status") or {}).get("conditions")
         status = compute_status(observed, previous, _now())

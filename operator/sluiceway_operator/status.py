@@ -8,6 +8,8 @@ CamelCase reason and a message; no ``phase``. A condition's
 
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,14 +17,18 @@ from typing import Any
 
 __all__ = [
     "METRICS_MISSING_SECONDS",
+    "START_PHASES",
     "Cond",
     "Observed",
     "TenantQuota",
+    "build_startup",
     "compute_status",
     "fetch_message",
     "format_rate",
     "format_wait",
     "merge_conditions",
+    "newest_ready_pod",
+    "scheduled_seconds",
 ]
 
 
@@ -87,6 +93,8 @@ class Observed:
     model_fetch: bool = False
     #: The inference pods (their init containers' states), when ``model_fetch``.
     pods: Sequence[Mapping[str, Any]] = ()
+    #: ``status.startup`` (:func:`build_startup`) as last measured; None = none measured yet.
+    startup: Mapping[str, Any] | None = None
 
 
 def format_wait(seconds: float) -> str:
@@ -351,4 +359,107 @@ def compute_status(
     rows = _tenant_rows(o)
     status["tenants"] = rows or None
     status["quotaScope"] = o.quota_scope if rows else None
+    if o.startup is not None:
+        status["startup"] = dict(o.startup)
     return status
+
+
+# -- status.startup: a cold start in phases (issue 22 §1) ------------------------------------------
+
+#: In order: the Pod's (scheduled, from its PodScheduled condition to its first container's start)
+#: and the pod's own (``sluiceway_start_phase_seconds{phase}``, ``sluiceway_pod.startphases``).
+START_PHASES = ("scheduled", "fetched", "loaded", "warmed", "ready")
+_HASH_ANNOTATION = "sluiceway.io/config-hash"
+
+
+def _time(text: Any) -> datetime.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _condition_time(pod: Mapping[str, Any], ctype: str) -> datetime.datetime | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype and c.get("status") == "True":
+            return _time(c.get("lastTransitionTime"))
+    return None
+
+
+def _images(spec: Mapping[str, Any]) -> list[Any]:
+    return [c.get("image") for c in spec.get("containers") or []]
+
+
+def newest_ready_pod(
+    pods: Sequence[Mapping[str, Any]], deployment: Mapping[str, Any]
+) -> Mapping[str, Any] | None:
+    """The ready pod of the Deployment's current revision (its template's config hash and images)
+    that became ready last; None when there is none."""
+    tpl = (deployment.get("spec") or {}).get("template") or {}
+    want_hash = ((tpl.get("metadata") or {}).get("annotations") or {}).get(_HASH_ANNOTATION)
+    want_images = _images(tpl.get("spec") or {})
+    best: tuple[datetime.datetime, Mapping[str, Any]] | None = None
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(_HASH_ANNOTATION) != want_hash:
+            continue
+        if _images(pod.get("spec") or {}) != want_images:
+            continue
+        ready = _condition_time(pod, "Ready")
+        if ready is not None and (best is None or ready > best[0]):
+            best = (ready, pod)
+    return best[1] if best else None
+
+
+def scheduled_seconds(pod: Mapping[str, Any]) -> float | None:
+    """From the Pod's ``PodScheduled`` condition to its first container's start (the storage
+    initializer's when there is one): image pulls and volume set-up. None when either is unknown."""
+    status = pod.get("status") or {}
+    scheduled = _condition_time(pod, "PodScheduled")
+    statuses = status.get("initContainerStatuses") or status.get("containerStatuses") or []
+    started = None
+    if statuses:
+        state = statuses[0].get("state") or {}
+        last = statuses[0].get("lastState") or {}
+        for s in (state.get("terminated"), state.get("running"), last.get("terminated")):
+            if isinstance(s, Mapping) and _time(s.get("startedAt")) is not None:
+                started = _time(s.get("startedAt"))
+                break
+    if scheduled is None or started is None:
+        return None
+    seconds = (started - scheduled).total_seconds()
+    return seconds if seconds >= 0 else None
+
+
+def build_startup(
+    pod: Mapping[str, Any], phases: Mapping[str, float], revision: str | None, measured_at: str
+) -> dict[str, Any] | None:
+    """``status.startup``: the seconds each phase of ``pod``'s start took (:data:`START_PHASES`; a
+    phase the pod did not go through, such as ``fetched`` without a storage initializer, is left
+    out), their total, the pod, the revision (config hash) and when it was measured. None until the
+    pod has reported its ``ready`` phase."""
+    if not isinstance(phases.get("ready"), float | int) or not math.isfinite(phases["ready"]):
+        return None
+    out: dict[str, float] = {}
+    scheduled = scheduled_seconds(pod)
+    if scheduled is not None:
+        out["scheduled"] = round(scheduled, 3)
+    for name in START_PHASES[1:]:
+        value = phases.get(name)
+        if value is not None and math.isfinite(value) and value >= 0:
+            out[name] = round(float(value), 3)
+    meta = pod.get("metadata") or {}
+    startup: dict[str, Any] = {
+        "pod": meta.get("name"),
+        "phases": out,
+        "totalSeconds": round(sum(out.values()), 3),
+        "measuredAt": measured_at,
+    }
+    ready_at = _condition_time(pod, "Ready")
+    if ready_at is not None:
+        startup["readyAt"] = ready_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if revision is not None:
+        startup["revision"] = revision
+    return startup

@@ -45,6 +45,9 @@ class FakeKube:
     def delete_owned(self, *args: Any) -> bool:
         return False
 
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        return []
+
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | SecretProblem:
         return SecretProblem("TenantKeyUnavailable", f"keySecretRef {name}/{key} cannot be used")
 
