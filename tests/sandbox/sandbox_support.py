@@ -86,6 +86,10 @@ def summary(kube: Kube, ns: str) -> str:
     lines = []
     for p in pods(kube, ns):
         st = p.get("status") or {}
-        cs = [(c["name"], c.get("ready"), list(c.get("state") or {})) for c in st.get("containerStatuses") or []]
+        cs = [
+            (c["name"], c.get("ready"), {k: (v or {}).get("reason", "") for k, v in (c.get("state") or {}).items()},
+             ((c.get("state") or {}).get("waiting") or {}).get("message", "")[:300])
+            for c in st.get("containerStatuses") or []
+        ]
         lines.append(f"{p['metadata']['name']} {st.get('phase')} ready={is_ready(p)} {cs}")
     return "\n".join(lines) or "no pods"
