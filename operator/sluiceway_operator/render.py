@@ -121,6 +121,10 @@ CONFIG_HASH_ANNOTATION = "sluiceway.io/config-hash"
 INSTANCE_LABEL = "sluiceway.io/inferenceservice"
 #: On the ``<name>-metrics`` Service only: what the ServiceMonitor selects.
 METRICS_SERVICE_LABEL = "sluiceway.io/metrics"
+#: On the inference pods of a service with the gateway: the chart's optional NetworkPolicy
+#: (``networkPolicy.inferencePods``, http from the whole namespace) leaves these pods to the
+#: operator's own, which admits only the gateway to their http port.
+BEHIND_GATEWAY_LABEL = "sluiceway.io/behind-gateway"
 RUN_AS = 65532
 #: Extra seconds of termination grace beyond the preStop sleep and the drain budget (exit).
 GRACE_SLACK_SECONDS = 10
@@ -817,7 +821,11 @@ def build_deployment(
         "template": {
             "metadata": {
                 # spec.pod's labels and annotations first: the operator's own (selector, hash) always win
-                "labels": {**((extra.labels or {}) if extra is not None else {}), **pod_labels(owner.name)},
+                "labels": {
+                    **((extra.labels or {}) if extra is not None else {}),
+                    **pod_labels(owner.name),
+                    **({BEHIND_GATEWAY_LABEL: "true"} if spec.gateway.enabled and spec.gateway.network_policy else {}),
+                },
                 "annotations": {
                     **((extra.annotations or {}) if extra is not None else {}),
                     CONFIG_HASH_ANNOTATION: digest,

@@ -205,6 +205,9 @@ MONITORING_SCHEMAS: dict[str, dict[str, Any]] = {
                                         "properties": {
                                             "sourceLabels": {"type": "array", "items": {"type": "string"}},
                                             "targetLabel": {"type": "string"},
+                                            # monitoring.coreos.com/v1 RelabelConfig
+                                            "regex": {"type": "string"},
+                                            "replacement": {"type": "string"},
                                         },
                                     },
                                 },
@@ -571,11 +574,23 @@ def test_monitoring_objects(all_on: list[dict[str, Any]]) -> None:
     assert rule["spec"]["groups"] == source["groups"]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
     pm = find(all_on, "PodMonitor", "sluiceway-inference-pods")["spec"]
-    assert pm["selector"] == {"matchLabels": {"app.kubernetes.io/name": "sluiceway-pod"}}
+    # the inference pods and the operator's gateways (issue 19 §3), the gateway's series marked
+    assert pm["selector"] == {
+        "matchExpressions": [
+            {"key": "app.kubernetes.io/name", "operator": "In", "values": ["sluiceway-pod", "sluiceway-gateway"]}
+        ]
+    }
     assert pm["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     endpoint = pm["podMetricsEndpoints"][0]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
-    assert {r["targetLabel"] for r in endpoint["relabelings"]} == {"namespace", "inferenceservice", "pod"}
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert set(relabel) == {"namespace", "inferenceservice", "pod", "component"}
+    assert relabel["component"] == {
+        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+        "regex": "sluiceway-gateway",
+        "targetLabel": "component",
+        "replacement": "gateway",
+    }
     sm = find(all_on, "ServiceMonitor", "sluiceway-scaler")["spec"]
     assert sm["endpoints"][0]["port"] == "metrics"
     assert sm["selector"]["matchLabels"] == {"app.kubernetes.io/name": "sluiceway-scaler"}
@@ -599,7 +614,11 @@ def test_prometheus_rule_parses_with_promtool(all_on: list[dict[str, Any]], tmp_
 def test_network_policies(all_on: list[dict[str, Any]]) -> None:
     for ns in ("team-a", "team-b"):
         pol = find(all_on, "NetworkPolicy", "sluiceway-inference-pods", ns)["spec"]
-        assert pol["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "sluiceway-pod"}}
+        # not the pods behind a gateway: the operator's NetworkPolicy <name> admits only the gateway
+        assert pol["podSelector"] == {
+            "matchLabels": {"app.kubernetes.io/name": "sluiceway-pod"},
+            "matchExpressions": [{"key": "sluiceway.io/behind-gateway", "operator": "DoesNotExist"}],
+        }
         assert pol["policyTypes"] == ["Ingress"]
         http, metrics = pol["ingress"]
         assert http["ports"] == [{"port": "http", "protocol": "TCP"}]

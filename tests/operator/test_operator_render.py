@@ -998,3 +998,15 @@ def test_the_service_monitor_scrapes_the_gateway_with_the_pods_labels() -> None:
         comp["regex"], pod_labels[next(k for k in pod_labels if _re.sub(r"[^A-Za-z0-9]", "_", k) == src)]
     )
     assert comp["replacement"] == "gateway"
+
+
+def test_pods_behind_the_gateway_are_labelled_for_the_charts_network_policy() -> None:
+    """The chart's optional policy (http from the whole namespace) selects sluiceway pods without
+    ``sluiceway.io/behind-gateway``; NetworkPolicies add up, so it must not select the pods the
+    operator's own policy closes to all but the gateway."""
+    labels = lambda r: _named(r, "Deployment", "edge")["spec"]["template"]["metadata"]["labels"]  # noqa: E731
+    assert labels(_gateway_render())["sluiceway.io/behind-gateway"] == "true"
+    off = _gateway_render(gateway={**load_case("gateway")["spec"]["gateway"], "networkPolicy": False})
+    assert "sluiceway.io/behind-gateway" not in labels(off)
+    dep = _named(_render_case("minimal"), "Deployment", "tiny")
+    assert dep is not None and "sluiceway.io/behind-gateway" not in dep["spec"]["template"]["metadata"]["labels"]
