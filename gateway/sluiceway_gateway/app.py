@@ -11,7 +11,10 @@ One request's path (:meth:`Gateway.handle`):
    When no pod may take it (none routable, every pod's queue full, or requests already held) it is
    held in the :class:`~sluiceway_gateway.hold.HoldQueue` until the hand-off (:meth:`Gateway._pump`)
    reserves it on a pod with room, its deadline passes (504 ``hold_timeout``) or the gateway shuts
-   down (503 ``gateway_draining``); over the hold bounds it is refused at once with ``Retry-After``.
+   down (503 ``gateway_draining``); over the hold bounds it is refused at once with ``Retry-After``,
+   and so it is (503 ``no_capacity_in_time``) when the predicted time until a pod can serve it (a pod
+   starting, ``hold.startupSeconds``) is past its deadline. A held request whose client closed its
+   connection leaves the hold queue then and never reaches a pod.
 4. The request goes out on a pooled keep-alive connection with the client's headers (less hop-by-hop
    ones) and the buffered body; the answer's status and headers come back, the load headers are read
    into the ledger and removed, and the body is streamed to the client.
@@ -49,16 +52,18 @@ from .admission import EdgeAdmission, Ticket
 from .config import GatewayConfig
 from .endpoints import Endpoint, EndpointSource
 from .errors import (
+    ClientGone,
     DeadlineExceeded,
     GatewayError,
     HoldExpired,
     HoldFull,
     HoldTenantFull,
+    NoCapacityInTime,
     NoReadyPods,
     ShuttingDown,
     UpstreamLost,
 )
-from .hold import Held, HoldLimits, HoldQueue, retry_after_seconds, room
+from .hold import Held, HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room
 from .ledger import LOAD_HEADERS, QUEUE_FULL_LEVEL, PodLoad, apply_headers, observe_latency, routable, stale
 from .metrics import GatewayMetrics
 from .routing import choose, refusal_reason, retryable
@@ -106,6 +111,8 @@ class Gateway:
                                              len(config.priorities.classes), config.priorities.aging_seconds))
         #: when each pod last said its queue is full (the hand-off probes it after ``pollAfterMs``)
         self._full_since: dict[str, float] = {}
+        #: pods starting (not routable, not terminating, not yet routable since): when first seen so
+        self._starting: dict[str, float] = {}
         self._held_waiting = 0  # handlers awaiting a hand-off (held, or woken and not yet resumed)
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -128,10 +135,39 @@ class Gateway:
             del self.addresses[key]
             self.pool.forget(key)
             self._full_since.pop(key, None)
+            self._starting.pop(key, None)
         self._gauge_endpoints()
         self._pump()
 
+    def _track_starting(self) -> None:
+        """Note the pods that start (first seen not routable and not terminating) and, when one
+        becomes routable, how far its time to ready was from ``hold.startupSeconds``."""
+        now = self.clock()
+        startup = self.config.hold.startup_seconds
+        for p in self.pods.values():
+            ep = self.addresses.get(p.key)
+            if routable(p):
+                since = self._starting.pop(p.key, None)
+                if since is not None and startup is not None:
+                    self.metrics.ready_prediction_error.observe((now - since) - startup)
+            elif ep is not None and ep.terminating:
+                self._starting.pop(p.key, None)
+            elif p.key not in self._starting and not p.draining:
+                self._starting[p.key] = now
+
+    def predicted_ready(self, now: float) -> float | None:
+        """Seconds until a pod can serve a request held now (:func:`~sluiceway_gateway.hold.
+        predicted_ready_seconds`); ``None`` without ``hold.startupSeconds``."""
+        startup = self.config.hold.startup_seconds
+        if startup is None or self.hold is None:
+            return None
+        self._track_starting()
+        pods = [p for p in self.pods.values() if routable(p) or p.key in self._starting]
+        return predicted_ready_seconds(now, pods, self._starting.values(), startup, self.hold.count,
+                                       self.config.hold.handoff_queue_per_pod)
+
     def _gauge_endpoints(self) -> None:
+        self._track_starting()
         counts = {"routable": 0, "draining": 0, "not_ready": 0, "down": 0}
         for p in self.pods.values():
             state = ("down" if p.down else "not_ready" if not p.ready else "draining" if p.draining
@@ -190,6 +226,7 @@ class Gateway:
         finally:
             self._polling.discard(pod.key)
             self.metrics.polls.labels(result).inc()
+            self._track_starting()
             self._pump()
 
     # ---------------------------------------------------------------- requests
@@ -335,6 +372,14 @@ class Gateway:
             h.waiter.set_exception(HoldExpired(
                 f"no pod could take the request within its deadline (held {waited:.3f}s)"))
 
+    def _client_gone(self, h: Held) -> None:
+        """The client of a held request closed its connection: the request leaves the hold queue and
+        never reaches a pod."""
+        if self.hold is not None and not h.waiter.done() and self.hold.remove(h):
+            self.metrics.hold_seconds.labels("client_closed").observe(max(0.0, self.clock() - h.enqueued))
+            self._hold_gauges()
+            h.waiter.set_exception(ClientGone("the client closed its connection while the request was held"))
+
     def _hold_identity(self, req: Request, ticket: Ticket | None) -> tuple[str, int, int]:
         if ticket is not None:
             return ticket.tenant.name, ticket.tenant.weight, ticket.rank
@@ -343,10 +388,11 @@ class Gateway:
         classes = list(pri.classes)
         return "", 1, classes.index(raw) if raw in classes else classes.index(pri.default)
 
-    async def _held(self, req: Request, ticket: Ticket | None, deadline: float) -> PodLoad:
+    async def _held(self, req: Request, ticket: Ticket | None, deadline: float, out: Responder) -> PodLoad:
         """Hold the request until a pod has room for it (returns that pod, already reserved) or raise:
-        the bound is full (at once, with ``Retry-After``), its deadline passed while held, or the
-        gateway shut down before a pod could take it."""
+        the bound is full or a pod is predicted too late (at once, with ``Retry-After``), its deadline
+        passed while held, its client closed the connection, or the gateway shut down before a pod
+        could take it."""
         hold = self.hold
         assert hold is not None
         now = self.clock()
@@ -355,6 +401,12 @@ class Gateway:
         tenant, weight, rank = self._hold_identity(req, ticket)
         nbytes = len(req.body) + sum(len(k) + len(v) + 4 for k, v in req.raw_headers) + len(req.path) + 16
         extra = self.config.hold.handoff_queue_per_pod
+        predicted = self.predicted_ready(now)
+        if predicted is not None and now + predicted > deadline:
+            self.metrics.early_refused.inc()
+            raise NoCapacityInTime(
+                f"no pod can take the request within its deadline: one is predicted in {predicted:.1f}s",
+                retry_after=predicted)
         try:
             h = hold.offer(tenant, weight, rank, nbytes, deadline, now,
                            retry_after_seconds(hold.count, self.pods.values(), extra,
@@ -365,6 +417,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         h.waiter = fut = loop.create_future()
         timer = loop.call_later(max(0.0, deadline - now), self._expire_held, h)
+        unwatch = out.on_client_gone(lambda: self._client_gone(h))
         self._held_waiting += 1
         self._hold_gauges()
         self._pump()  # a pod may have room already (requests held ahead of this one go first)
@@ -380,6 +433,7 @@ class Gateway:
             raise
         finally:
             timer.cancel()
+            unwatch()
             self._held_waiting -= 1
         pod = self.pods.get(key)
         if pod is None:  # removed by discovery between the hand-off and now: its reservation went with it
@@ -388,7 +442,7 @@ class Gateway:
                 self._idle.set()
             self.metrics.in_flight.dec()
             self.metrics.pod(key).in_flight.dec()
-            return await self._held(req, ticket, deadline)
+            return await self._held(req, ticket, deadline, out)
         return pod
 
     async def _forward(self, req: Request, out: Responder, ticket: Ticket | None = None) -> None:
@@ -404,7 +458,7 @@ class Gateway:
             if pod is None:
                 if self.hold is None or self.closing:
                     raise NoReadyPods("no pod is ready to take the request")
-                pod = await self._held(req, ticket, deadline)  # reserved on its pod by the hand-off
+                pod = await self._held(req, ticket, deadline, out)  # reserved on its pod by the hand-off
                 exclude.clear()
             else:
                 self._reserve(pod)

@@ -56,6 +56,9 @@ class HoldConfig(_Model):
                                        description="hand-off in flight per pod beyond its permits")
     retry_after_seconds: float = Field(default=5.0, gt=0, le=3600,
                                        description="Retry-After of a refusal while no pod is ready")
+    #: how long a pod takes from first seen starting to ready; ``None``: no prediction, no early 503
+    startup_seconds: float | None = Field(default=None, gt=0, le=3600,
+                                          description="start-up estimate for the predicted ready time")
 
     @property
     def enabled(self) -> bool:

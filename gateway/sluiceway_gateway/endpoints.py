@@ -2,7 +2,8 @@
 
 :class:`StaticEndpoints` is a fixed list (tests, benchmarks); :class:`~sluiceway_gateway.kube.
 EndpointSliceWatch` follows a Service's EndpointSlices through the API server. An endpoint that is
-not ready or is terminating is reported with ``ready=False`` and gets no new request.
+not ready or is terminating is reported with ``ready=False`` and gets no new request; one not ready and
+not terminating is a pod starting (the gateway predicts when it can serve, docs/gateway.md).
 
 Concurrency model: ``run`` is one task on the gateway's event loop; ``on_change`` is called on it.
 """
@@ -21,6 +22,8 @@ class Endpoint:
     host: str
     port: int
     ready: bool = True
+    #: discovery says the pod is going away (an EndpointSlice endpoint ``terminating``): never "starting"
+    terminating: bool = False
 
 
 OnChange = Callable[[list[Endpoint]], None]

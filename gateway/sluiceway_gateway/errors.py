@@ -111,6 +111,20 @@ class HoldExpired(GatewayError):
     reason = "hold_timeout"
 
 
+class NoCapacityInTime(GatewayError):
+    """No pod can take the request and the predicted time until one can (a pod starting, then the
+    requests held ahead of it) is past the request's deadline: refused at once, ``Retry-After`` the
+    prediction, instead of held until it times out."""
+
+    reason = "no_capacity_in_time"
+
+
+class ClientGone(GatewayError):
+    """The client closed its connection while its request was held: dropped, never sent to a pod."""
+
+    reason = "client_closed"
+
+
 _HTTP: dict[type[GatewayError], int] = {
     BadRequest: 400,
     Unauthenticated: 401,
@@ -129,6 +143,8 @@ _HTTP: dict[type[GatewayError], int] = {
     HoldFull: 503,
     HoldTenantFull: 429,
     HoldExpired: 504,
+    NoCapacityInTime: 503,
+    ClientGone: 499,  # nginx's "client closed request": logged and counted, never seen by the client
 }
 
 

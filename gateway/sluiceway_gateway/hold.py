@@ -10,8 +10,9 @@ pod's ledger says its queue is full), bounded, ordered and each with its deadlin
 * **Deadlines**: each held request keeps its own; :meth:`HoldQueue.next_deadline` and
   :meth:`HoldQueue.remove` let the gateway answer it when the deadline passes while it is held.
 
-Also here, the hand-off arithmetic (:func:`room`) and the ``Retry-After`` estimate
-(:func:`retry_after_seconds`), both pure.
+Also here, the hand-off arithmetic (:func:`room`), the ``Retry-After`` estimate
+(:func:`retry_after_seconds`) and the predicted time until a pod can serve a new held request
+(:func:`predicted_ready_seconds`), all pure.
 
 Concurrency model: owned by the gateway's event loop; nothing here blocks, awaits or reads a clock
 (``now`` is passed in). The awaiting and the timers are the gateway's (:mod:`~sluiceway_gateway.app`).
@@ -183,6 +184,28 @@ def room(pod: PodLoad, extra_queue: int, now: float, probe_after: float, full_si
             return 1
         return 0
     return max(0, (pod.permits_limit or 1) + extra_queue - pod.inflight)
+
+
+def handoff_rate(pods: Iterable[PodLoad], extra_queue: int) -> float:
+    """Requests per second the given pods take off the hold queue: each its in-flight cap (permits,
+    1 before it reports, plus ``extra_queue``) over its mean answer time (1 ms while unknown)."""
+    return sum(((p.permits_limit or 1) + extra_queue) / max(p.ewma_ms / 1000.0, 0.001) for p in pods)
+
+
+def predicted_ready_seconds(now: float, pods: Iterable[PodLoad], starting_since: Iterable[float],
+                            startup: float, held_ahead: int, extra_queue: int) -> float:
+    """Seconds until a pod can serve a request held now: with a ready pod, the time to drain the
+    ``held_ahead`` requests at the ready pods' rate; with none, the time left for the soonest
+    starting pod (``startup`` less how long ago it was first seen starting, at least 0), or the
+    whole ``startup`` when none is starting, plus the drain at the starting pods' rate."""
+    pods = list(pods)
+    ready = [p for p in pods if routable(p)]
+    if ready:
+        return held_ahead / handoff_rate(ready, extra_queue)
+    left = [max(0.0, startup - (now - since)) for since in starting_since]
+    wait = min(left) if left else startup
+    rate = handoff_rate(pods, extra_queue) if pods else 0.0
+    return wait + (held_ahead / rate if rate > 0 else 0.0)
 
 
 def retry_after_seconds(held: int, pods: Iterable[PodLoad], extra_queue: int, idle_default: float) -> float:

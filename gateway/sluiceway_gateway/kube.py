@@ -7,7 +7,8 @@ the last ``resourceVersion``; ``410 Gone`` or any error relists after a backoff 
 10 s). The current endpoint set is reported after the list and after every event.
 
 :func:`endpoints_from_slices` is the pure part: an endpoint is ready when its ``conditions.ready`` is
-not false and it is not ``terminating`` (Kubernetes' reading of a missing ``ready``).
+not false and it is not ``terminating`` (Kubernetes' reading of a missing ``ready``); one neither ready
+nor terminating is starting.
 
 Concurrency model: :meth:`EndpointSliceWatch.run` is one task on the gateway's event loop.
 """
@@ -55,13 +56,15 @@ def endpoints_from_slices(slices: Mapping[str, Mapping[str, Any]], port_name: st
             if not isinstance(ep, Mapping):
                 continue
             cond = ep.get("conditions") or {}
-            ready = cond.get("ready") is not False and cond.get("terminating") is not True
+            terminating = cond.get("terminating") is True
+            ready = cond.get("ready") is not False and not terminating
             for addr in ep.get("addresses") or []:
                 if not isinstance(addr, str) or not addr:
                     continue
                 key = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
                 prev = out.get(key)
-                out[key] = Endpoint(key, addr, port, ready or (prev is not None and prev.ready))
+                ready = ready or (prev is not None and prev.ready)
+                out[key] = Endpoint(key, addr, port, ready, terminating and not ready)
     return sorted(out.values(), key=lambda e: e.key)
 
 

@@ -18,10 +18,11 @@ KNOWN_REASONS = frozenset({
     "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
     "upstream_lost", "deadline", "gateway_draining", "header_timeout", "slow_reader", "internal",
     "queue_full", "displaced", "not_ready", "draining", "connect_failed", "hold_full", "hold_tenant_full",
-    "hold_timeout",
+    "hold_timeout", "no_capacity_in_time", "client_closed",
 })
 HOLD_BOUNDS = frozenset({"full", "bytes_full", "tenant_full", "tenant_bytes_full"})
-HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled")
+HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled", "client_closed")
+RELOAD_RESULTS = ("applied", "rejected", "restart_required")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,24 @@ class GatewayMetrics:
         self.hold_refused = Counter("sluiceway_gateway_hold_refused_total",
                                     "Requests refused at the hold queue's bounds, by bound", ["reason"],
                                     registry=registry)
+        self.early_refused = Counter(
+            "sluiceway_gateway_hold_early_refused_total",
+            "Requests answered 503 no_capacity_in_time at once: the predicted ready time was past their deadline",
+            registry=registry)
+        self.ready_prediction_error = Histogram(
+            "sluiceway_gateway_ready_prediction_error_seconds",
+            "A starting pod's actual time to ready (from first seen starting) less the predicted one "
+            "(hold.startupSeconds): positive, later than predicted",
+            buckets=(-60, -30, -10, -5, -2, -1, -0.5, -0.25, 0, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=registry)
+        self.reloads = Counter("sluiceway_gateway_config_reload_total",
+                               "Reloads of the keys file and the tenants section, by result", ["result"],
+                               registry=registry)
+        self.reload_failing = Gauge("sluiceway_gateway_config_reload_failing",
+                                    "1 while the keys file or the config file on disk is rejected",
+                                    registry=registry)
+        for result in RELOAD_RESULTS:
+            self.reloads.labels(result)
         for outcome in HOLD_OUTCOMES:
             self.hold_seconds.labels(outcome)
         for bound in sorted(HOLD_BOUNDS):

@@ -15,6 +15,8 @@ The same hostile-client guarantees the pod gives (docs/reliability.md):
   (then the socket is not read) and are served one at a time, so answers go out in order.
 * **Slow readers**: a client that stops reading its answer for ``body_timeout`` is disconnected.
 * Malformed requests get 400 and the connection closes. Every parsed request gets one answer.
+* **Client gone**: a handler may ask to be told when the client's connection closes
+  (:meth:`Responder.on_client_gone`; the gateway drops a held request whose client left).
 
 Concurrency model: protocol callbacks on the event loop; per connection one task at a time serves the
 queued requests in order. The handler writes the answer through a :class:`Responder`, whose ``write``
@@ -119,6 +121,11 @@ class Responder:
         if body and not self.head_only:
             self._conn.write(body)
 
+    def on_client_gone(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (once, on the loop) when the client's connection closes before this
+        answer is done (a held request whose client left); returns the function that cancels it."""
+        return self._conn.watch_lost(callback)
+
     def send_error(self, err: GatewayError) -> None:
         headers = [(b"content-type", b"application/json")]
         ra = err.retry_after_header()
@@ -159,6 +166,19 @@ class ServerProtocol(asyncio.Protocol):
         self._write_ready: asyncio.Event | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._late = False
+        self._on_lost: list[Callable[[], None]] = []
+
+    def watch_lost(self, callback: Callable[[], None]) -> Callable[[], None]:
+        if self.dead:
+            handle = self.loop.call_soon(callback)
+            return handle.cancel
+        self._on_lost.append(callback)
+
+        def cancel() -> None:
+            if callback in self._on_lost:
+                self._on_lost.remove(callback)
+
+        return cancel
 
     # ---------------------------------------------------------------- connection
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -185,6 +205,9 @@ class ServerProtocol(asyncio.Protocol):
         self._disarm()
         if self._write_ready is not None:
             self._write_ready.set()
+        callbacks, self._on_lost = self._on_lost, []
+        for cb in callbacks:
+            cb()
 
     def pause_writing(self) -> None:
         if self._write_ready is None:

@@ -204,6 +204,9 @@ def test_endpoints_from_slices_readiness_and_ports() -> None:
     assert [(e.key, e.ready) for e in eps] == [
         ("10.0.0.1:8080", True), ("10.0.0.2:8080", False), ("10.0.0.3:8080", False), ("10.0.0.4:8080", True),
         ("[fd00::5]:8080", True)]
+    # not ready and not terminating: starting (the gateway predicts its ready time); terminating: going
+    assert [e.key for e in eps if not e.ready and not e.terminating] == ["10.0.0.2:8080"]
+    assert [e.key for e in eps if e.terminating] == ["10.0.0.3:8080"]
 
 
 def test_config_errors_name_the_field(tmp_path: Path) -> None:

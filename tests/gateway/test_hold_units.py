@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sluiceway_core.fairshare import Head, pick
 from sluiceway_gateway.errors import HoldFull, HoldTenantFull, http_status
-from sluiceway_gateway.hold import HoldLimits, HoldQueue, retry_after_seconds, room
+from sluiceway_gateway.hold import HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room
 from sluiceway_gateway.ledger import PodLoad
 
 
@@ -101,3 +101,18 @@ def test_retry_after_from_the_hand_off_rate() -> None:
     p = PodLoad("p", permits_limit=1, ewma_ms=500.0)  # 2 in flight per 0.5 s: 4/s
     assert retry_after_seconds(40, [p], 1, 5.0) == pytest.approx(10.0)
     assert retry_after_seconds(1, [p], 1, 5.0) == 1.0
+
+
+def test_predicted_ready_time_soonest_starting_pod_then_the_drain() -> None:
+    starting = [PodLoad("a", down=True), PodLoad("b", down=True)]
+    # none starting: the whole estimate; starting ones: the soonest one's time left, never below 0
+    assert predicted_ready_seconds(100.0, [], [], 20.0, 0, 1) == 20.0
+    assert predicted_ready_seconds(100.0, starting, [95.0, 90.0], 20.0, 0, 1) == 10.0
+    assert predicted_ready_seconds(100.0, starting, [50.0], 20.0, 0, 1) == 0.0
+    # what is held ahead drains at the pods' rate: (1 permit + 1 queue) / 0.5 s = 4/s each, 8/s for two
+    for p in starting:
+        p.ewma_ms = 500.0
+    assert predicted_ready_seconds(100.0, starting, [95.0], 20.0, 8, 1) == pytest.approx(15.0 + 1.0)
+    # a ready pod: no start-up to wait for, only the drain at the ready pods' rate
+    ready = PodLoad("r", ewma_ms=250.0, permits_limit=3)
+    assert predicted_ready_seconds(100.0, [ready, *starting], [95.0], 20.0, 8, 1) == pytest.approx(0.5)
