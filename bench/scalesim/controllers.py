@@ -200,8 +200,9 @@ def _signals(
     if q is None:
         return Signals(queue_depth=None, ok=False, detail="no scrape yet or the query failed")
     in_pods = prom.concurrency_live(t) if pod_polls else prom.concurrency(t)
+    held = prom.held(t)
     if count_held and in_pods is not None:
-        in_pods += prom.held(t) or 0.0
+        in_pods += held or 0.0
     return Signals(
         queue_depth=q,
         wait_p95=prom.wait_p95(t, window),
@@ -214,6 +215,10 @@ def _signals(
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
         requests_in_pods=in_pods,
+        # the gateway's held requests (issue 20: the policy's hold term; 0 without an edge)
+        held=None if count_held else held,
+        # the gateway's arrivals (answers + the held count's growth): every arrival reaches the edge
+        edge_rate=prom.offered_rate(t, window) if held else None,
     )
 
 
@@ -297,10 +302,17 @@ class OursKeda:
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
     _hpa: Hpa | None = None
+    _cost: float | None = None
 
     def _scaler(self, t: int, prom: Prometheus, pool: PodPool) -> int:
         current = pool.target if self._last is None else self._last
         signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held)
+        # the scaler remembers the last request cost it measured (sluiceway_scaler.service): back
+        # from zero nothing was served in the rate window, and the hold term sizes with it
+        if signals.request_cost is not None:
+            self._cost = signals.request_cost
+        elif signals.held and self._cost is not None:
+            signals = replace(signals, request_cost=self._cost)
         d = desired_replicas(signals, self.spec, current, self._history, float(t))
         self._history = d.history
         self._last = d.replicas

@@ -81,6 +81,8 @@ def _ours(
     min_replicas: int, max_replicas: int, after: float, count_held: bool = False
 ) -> tuple[Controller, HoldSpec]:
     spec = default_spec(max_replicas)  # the HPA's minReplicas is max(minReplicaCount, 1): KEDA's
+    if count_held:  # the held requests as requests in the pods, not the hold term
+        spec = replace(spec, hold_drain_seconds=None)
     keda = OursKeda(spec, rendered_behavior(spec, windows_add_up=True), count_held=count_held)
     if min_replicas == 1:
         return keda, GATEWAY

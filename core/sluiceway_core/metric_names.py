@@ -17,6 +17,7 @@ __all__ = [
     "DEGRADED",
     "DEQUEUED",
     "ENQUEUED",
+    "GATEWAY_ANSWERS",
     "GATEWAY_HELD",
     "GATEWAY_HELD_BYTES",
     "GATEWAY_HOLD_REFUSED",
@@ -93,6 +94,8 @@ GATEWAY_HELD_BYTES = "sluiceway_gateway_held_bytes"
 #: Requests refused at the hold queue's bounds, by bound (``reason``: full, bytes_full, ...); the
 #: gateway creates every bound's series at 0, so Prometheus sees the first refusal as an increase.
 GATEWAY_HOLD_REFUSED = "sluiceway_gateway_hold_refused_total"
+#: Every answer of the gateway to a client, by status class (``code``).
+GATEWAY_ANSWERS = "sluiceway_gateway_answers_total"
 #: Every error answer of the gateway, by ``reason`` (its error taxonomy).
 GATEWAY_REFUSED = "sluiceway_gateway_refused_total"
 #: ``reason`` labels of ``GATEWAY_REFUSED`` that mean "no pod could take the request", besides the

@@ -36,8 +36,10 @@ The rule, in order:
      start-up time, so capacity asked for now is ready when the load arrives (see docs/scalesim.md).
    * hold (issue 20; ``Signals.held`` > 0, the requests the gateway holds because no ready pod can
      take them, and ``hold_drain_seconds`` set): the pods that drain the held requests within
-     ``hold_drain_seconds`` once they serve, ``ceil(held x cost / (permits x target x drain))``
-     with ``request_cost`` when measured; unknown (a service back from zero has served nothing in
+     ``hold_drain_seconds`` once they serve while serving the requests still arriving at the
+     gateway (``edge_rate``), ``ceil((held / drain + edge_rate) x cost / (permits x target))``
+     with ``request_cost`` when measured (the demand term needs a serving pod and is silent at
+     zero; this one is not); unknown (a service back from zero has served nothing in
      the rate window) each held request counts as a permit held for the whole drain time,
      ``ceil(held / (permits x target))`` (the KPA's reading of the activator's count); permits
      unknown (no pod reports them at zero): 1 a pod. It is a
@@ -139,6 +141,9 @@ class Signals:
     #: Requests the gateway holds (no ready pod can take them), summed over its replicas (issue 20;
     #: None: not read, or no gateway).
     held: float | None = None
+    #: Requests per second arriving at the gateway, held or sent to a pod (its answers' rate plus the
+    #: held count's growth; None: not read): the flow the hold term serves while it drains.
+    edge_rate: float | None = None
     #: Requests the gateway refused for want of a pod within the rate window (the scaler's
     #: activation reads it; the policy does not). None: not read.
     refused_no_pod: float | None = None
@@ -403,13 +408,14 @@ def _hold(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
     tu = spec.target_utilisation or 1.0
     cost = signals.request_cost
     if cost is not None and cost > 0:
-        # requests one pod drains in the drain time; a request longer than it holds a permit for all of it
-        per_pod = permits * tu * drain / min(cost, drain)
-        how = f"{cost:.3g}s each"
+        # busy permits: the held requests over the drain time (a request longer than it holds a
+        # permit for all of it) plus the flow arriving meanwhile (Little's law, as the demand term)
+        flow = max(0.0, signals.edge_rate or 0.0)
+        n = _ceil((held / drain + flow) * min(cost, drain) / (permits * tu))
+        how = f"{cost:.3g}s each, {flow:.3g}/s arriving"
     else:
-        per_pod = permits * tu
+        n = _ceil(held / (permits * tu))
         how = "cost unknown: a permit each"
-    n = _ceil(held / per_pod)
     return n, f"hold {held:.4g} held at the gateway, drained in {drain:g}s ({how}) -> {n}"
 
 

@@ -57,6 +57,9 @@ class Queries:
     requests_in_pods: str = ""
     #: Requests the gateway holds now, summed over its replicas (issue 20: ``Signals.held``).
     held: str = ""
+    #: Requests per second arriving at the gateway: its answers' rate plus the growth of what it
+    #: holds (``Signals.edge_rate``; the requests in flight to pods are left out).
+    edge_rate: str = ""
     #: Requests the gateway refused for want of a pod within the rate window: at the hold queue's
     #: bounds, none ready without a hold queue, held to their deadline (``Signals.refused_no_pod``).
     refused_no_pod: str = ""
@@ -99,6 +102,10 @@ class Queries:
             ),
             # The gateway's hold queue (empty when no gateway is scraped: the signal is unknown).
             held=f"sum({m.GATEWAY_HELD}{{{s}}})",
+            edge_rate=(
+                f"sum(rate({m.GATEWAY_ANSWERS}{{{s}}}[{window}]))"
+                f" + (sum(deriv({m.GATEWAY_HELD}{{{s}}}[{window}])) or vector(0))"
+            ),
             refused_no_pod=(
                 f"(sum(increase({m.GATEWAY_HOLD_REFUSED}{{{s}}}[{window}])) or vector(0))"
                 f' + (sum(increase({m.GATEWAY_REFUSED}{{{s},reason=~"{want}"}}[{window}])) or vector(0))'

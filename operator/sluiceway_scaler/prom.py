@@ -105,15 +105,17 @@ class PrometheusSource:
             # the gateway's hold queue first: at zero no pod is scraped, and what the gateway holds
             # or refused for want of a pod is all there is to read (issue 20)
             held = _count(self.scalar(address, queries.held, timeout)) if queries.held else None
-            refused = None
+            refused = edge = None
             if held is not None and queries.refused_no_pod:
                 refused = _count(self.scalar(address, queries.refused_no_pod, timeout))
+            if held is not None and held > 0 and queries.edge_rate:
+                edge = _count(self.scalar(address, queries.edge_rate, timeout))
             depth = self.scalar(address, queries.queue_depth, timeout)
             if depth is None:
                 why = "empty: no pod of this InferenceService is scraped"
                 if held is not None and held > 0:
                     # nothing serves and the gateway holds requests: 0 pods ready, the hold term sizes
-                    return Signals(0.0, ready_replicas=0, held=held, refused_no_pod=refused,
+                    return Signals(0.0, ready_replicas=0, held=held, refused_no_pod=refused, edge_rate=edge,
                                    detail=f"{why}; the gateway holds {held:g}"), 0
                 return Signals(None, ok=False, detail=why, held=held, refused_no_pod=refused), None
             if math.isnan(depth):
@@ -151,6 +153,7 @@ class PrometheusSource:
                 ready_replicas=up,
                 requests_in_pods=_finite(in_pods) if in_pods is None or in_pods >= 0 else None,
                 held=held,
+                edge_rate=edge,
                 refused_no_pod=refused,
             ),
             up,

@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -148,6 +148,9 @@ class _Entry:
     signals: tuple[Signals, int | None] | None = None
     read_at: float = 0.0
     fetch: threading.Lock = field(default_factory=threading.Lock)
+    #: the last request cost and permits the pods reported: the hold term sizes with them at zero
+    cost: float | None = None
+    permits: int | None = None
 
 
 def _strip_index(name: str) -> str:
@@ -169,6 +172,23 @@ def _active(signals: Signals) -> bool | None:
         # broke must not deactivate a serving service)
         return True if gateway else None
     return gateway or signals.queue_depth > 0 or (signals.arrival_rate or 0.0) > 0
+
+
+def _remembered(signals: Signals, entry: _Entry) -> Signals:
+    """Keep the pods' request cost and permits, and fill them in while the gateway holds requests
+    and no pod reports them (back from zero nothing was served in the rate window): the hold term
+    sizes the pods with the service's own figures. Caller holds the lock."""
+    if signals.request_cost is not None:
+        entry.cost = signals.request_cost
+    if signals.permits is not None:
+        entry.permits = signals.permits
+    if not signals.held:
+        return signals
+    return replace(
+        signals,
+        request_cost=signals.request_cost if signals.request_cost is not None else entry.cost,
+        permits=signals.permits if signals.permits is not None else entry.permits,
+    )
 
 
 def _hold_reason(signals: Signals) -> str:
@@ -322,6 +342,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         now = self._clock()
         name = f"{ref.namespace}/{ref.name}"
         with self._lock:
+            signals = _remembered(signals, entry)
             history = entry.history
             if entry.replicas is not None:
                 current = entry.replicas

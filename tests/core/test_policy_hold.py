@@ -104,3 +104,11 @@ def test_hold_drain_seconds_must_be_positive(bad: float) -> None:
 def test_permits_unknown_at_zero_count_one_a_pod() -> None:
     d = desired_replicas(replace(at_zero(2), permits=None), SPEC, 0, ScaleHistory(), 0.0)
     assert d.replicas == 3  # 2 / (1 x 0.8)
+
+
+def test_the_hold_term_serves_the_flow_still_arriving_while_it_drains() -> None:
+    """100/s keep arriving at the gateway while 960 are held: (960 / 60 + 100) x 0.2 / 3.2 = 7.25
+    -> 8 pods; without the flow 1 (the demand term needs a serving pod and is silent at zero)."""
+    d = desired_replicas(replace(at_zero(960, cost=0.2), edge_rate=100.0), SPEC, 0, ScaleHistory(), 0.0)
+    assert d.replicas == 8 and "100/s arriving" in d.reason
+    assert desired_replicas(at_zero(960, cost=0.2), SPEC, 0, ScaleHistory(), 0.0).replicas == 1

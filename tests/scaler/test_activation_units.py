@@ -5,6 +5,7 @@ fix: with no pod series the scaler's answer was "unknown", which repeats the las
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -119,3 +120,25 @@ def test_a_gateway_metrics_url_in_pod_metrics_urls_activates_on_held_and_refused
     for body in (_gateway(0, 1, 0, 0), _gateway(0, 0, 1, 0)):
         text.body = body
         assert poll_pods((url,), 2.0).active_since(idle)  # type: ignore[union-attr]
+
+
+def test_back_from_zero_the_hold_term_sizes_with_the_last_cost_and_permits_seen() -> None:
+    """The pods reported 4 permits and 0.2 s a request; at zero they report nothing, and 40 held
+    need ceil(40 / 60 x 0.2 / (4 x 0.8)) = 1 pod, not ceil(40 / 0.8) = 50 (1 permit, cost unknown)."""
+    from sluiceway_scaler import externalscaler_pb2 as pb
+
+    # first match wins: utilisation (seconds over permits) 0, cost (seconds over answers) 0.2
+    prom = FakePrometheus({"/ sum(sluiceway_concurrency_limit": 0.0, **IDLE_POD, "sluiceway_concurrency_limit": 4.0,
+                           "sluiceway_inference_seconds_sum": 0.2})
+    try:
+        with start_scaler(prometheus=(prom.url,)) as s:
+            req = pb.GetMetricsRequest(scaledObjectRef=ref(**md(prom, maxReplicas="100")),
+                                       metricName="sluiceway-replicas-team-a-demo")
+            # an idle pod reporting 4 permits and 0.2 s a request (a new trigger starts at the pods up)
+            assert s.stub.GetMetrics(req, timeout=5).metricValues[0].metricValueFloat == 1.0
+            # the edge rate's query names both gateway series: its answers' rate reads 0
+            prom.values = {"sluiceway_gateway_answers_total": 0.0, "sluiceway_gateway_held_requests": 40.0}
+            time.sleep(1.1)  # past the scaler's 1 s signal cache
+            assert s.stub.GetMetrics(req, timeout=5).metricValues[0].metricValueFloat == 1.0
+    finally:
+        prom.close()
