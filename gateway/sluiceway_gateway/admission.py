@@ -12,6 +12,9 @@ Outstanding cap: a tenant's requests in flight through the gateway are bounded b
 ``maxConcurrent + maxQueued`` when either is set (the pods' own per-tenant caps still apply behind);
 over it the gateway answers 429 ``tenant_queue_full``. A refused request takes no token.
 
+Reload (:meth:`EdgeAdmission.replace`, :mod:`~sluiceway_gateway.reload`): keys and tenant limits are
+swapped in place; each tenant's bucket keeps its tokens.
+
 Concurrency model: owned by the gateway's event loop; nothing blocks or awaits. Time comes from the
 injected ``clock``.
 """
@@ -40,6 +43,13 @@ class TokenBucket:
         self._clock = clock
         self._tokens = float(burst)
         self._t = clock()
+
+    def retune(self, rate: float, burst: int) -> None:
+        """New limits; the tokens earned so far at the old rate stay (at most the new burst)."""
+        now = self._clock()
+        self._tokens = min(float(burst), self._tokens + max(0.0, now - self._t) * self.rate)
+        self._t = now
+        self.rate, self.burst = rate, float(burst)
 
     def try_take(self) -> float:
         """0.0 when a token was taken, else the seconds until one is available."""
@@ -87,25 +97,51 @@ class EdgeAdmission:
     def _limits(self, name: str) -> TenantLimits:
         return self._listed.get(name) or self._config.defaults
 
+    def _terms(self, name: str) -> tuple[int, int, int | None, tuple[float, int] | None]:
+        """(priority ceiling rank, weight, outstanding cap, (rate, burst)) of a tenant."""
+        lim = self._limits(name)
+        if lim.max_priority:
+            rank = self._classes.index(lim.max_priority)
+        elif name in self._listed and name != self._config.anonymous_tenant:
+            rank = 0
+        else:
+            rank = self._classes.index(self._default)
+        cap = None
+        if lim.max_queued is not None or lim.max_concurrent is not None:
+            cap = (lim.max_queued or 0) + (lim.max_concurrent or 0)
+        rate = None
+        if lim.rate is not None:
+            rate = (lim.rate, lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate)))
+        return rank, lim.weight, cap, rate
+
     def tenant(self, name: str) -> EdgeTenant:
         t = self._tenants.get(name)
         if t is None:
-            lim = self._limits(name)
-            if lim.max_priority:
-                rank = self._classes.index(lim.max_priority)
-            elif name in self._listed and name != self._config.anonymous_tenant:
-                rank = 0
-            else:
-                rank = self._classes.index(self._default)
-            cap = None
-            if lim.max_queued is not None or lim.max_concurrent is not None:
-                cap = (lim.max_queued or 0) + (lim.max_concurrent or 0)
-            bucket = None
-            if lim.rate is not None:
-                burst = lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate))
-                bucket = TokenBucket(lim.rate, burst, self._clock)
-            t = self._tenants[name] = EdgeTenant(name, rank, lim.weight, cap, bucket)
+            rank, weight, cap, rate = self._terms(name)
+            bucket = TokenBucket(rate[0], rate[1], self._clock) if rate is not None else None
+            t = self._tenants[name] = EdgeTenant(name, rank, weight, cap, bucket)
         return t
+
+    def current(self) -> tuple[TenantsConfig, KeyFile]:
+        return self._config, self._keys
+
+    def replace(self, config: TenantsConfig, keys: KeyFile) -> None:
+        """Swap in new tenants and keys (a reload): every known tenant's record is updated in place, so
+        its token bucket keeps its tokens and its outstanding count stays with the tickets already
+        issued. Raises ValueError (nothing changed) when a ``maxPriority`` names no priority class."""
+        for t in config.tenants:
+            if t.max_priority is not None and t.max_priority not in self._classes:
+                raise ValueError(f"tenant {t.name}: maxPriority {t.max_priority!r} is not a priority class")
+        self._config, self._keys = config, keys
+        self._listed = {t.name: t for t in config.tenants}
+        for name, et in self._tenants.items():
+            et.max_rank, et.weight, et.outstanding_cap, rate = self._terms(name)
+            if rate is None:
+                et.bucket = None
+            elif et.bucket is None:
+                et.bucket = TokenBucket(rate[0], rate[1], self._clock)
+            else:
+                et.bucket.retune(*rate)
 
     def authenticate(self, authorization: str | None) -> EdgeTenant:
         if not authorization:

@@ -2,7 +2,8 @@
 
 Concurrency model: one process, one asyncio event loop (uvloop when installed) carrying the client
 side, the pod connections, discovery, the poller and the metrics port; SIGTERM stops accepting, waits
-for requests in flight (``--drain-seconds``), then exits.
+for requests in flight (``--drain-seconds``), then exits. The keys file and the ``tenants`` section reload
+without a restart (:mod:`~sluiceway_gateway.reload`, one more task on the loop).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sluiceway_core.logformat import FORMATS, configure_logging
 from .app import Gateway
 from .config import GatewayConfig, GatewayConfigError, load_gateway_config
 from .endpoints import EndpointSource, StaticEndpoints
+from .reload import TenantReloader
 from .server import Request, Responder, ServerLimits, ServerState, serve
 
 USAGE_EXAMPLES = """\
@@ -88,9 +90,18 @@ def limits_of(config: GatewayConfig) -> ServerLimits:
                         lim.max_body_bytes, lim.max_header_bytes, lim.max_headers, lim.max_pipelined)
 
 
-async def run(config: GatewayConfig, drain_seconds: float) -> None:
+async def run(config: GatewayConfig, drain_seconds: float, config_file: str | None = None,
+              overrides: dict[str, Any] | None = None) -> None:
     registry = CollectorRegistry()
     gw = Gateway(config, build_source(config), registry)
+    reloader = None
+    if config_file is not None and gw.admission is not None:  # keys and tenant limits reload in place
+        m = gw.metrics
+        reloader = TenantReloader(config_file, overrides or {}, config, gw.admission.current, gw.admission.replace,
+                                  clock=gw.clock, period=config.reload_seconds,
+                                  result=lambda r: m.reloads.labels(r).inc(),
+                                  failing=lambda f: m.reload_failing.set(1 if f else 0))
+        reloader.start()
     state = ServerState(gw.handle, limits_of(config))
     state.on_refused = lambda reason: gw.metrics.refused.labels(gw.metrics.reason(reason)).inc()
 
@@ -118,6 +129,8 @@ async def run(config: GatewayConfig, drain_seconds: float) -> None:
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await background
+    if reloader is not None:
+        await reloader.stop()
     mserver.close()
     gw.pool.close()
 
@@ -126,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     configure_logging(ns.log_level, ns.log_format)
     try:
-        config = load_gateway_config(ns.config, _overrides(ns))
+        overrides = _overrides(ns)
+        config = load_gateway_config(ns.config, overrides)
     except GatewayConfigError as err:
         print(f"sluiceway-gateway: {err}", file=sys.stderr)
         return 2
@@ -139,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("sluiceway-gateway: --loop uvloop but uvloop is not installed", file=sys.stderr)
                 return 2
     if uvloop is None:
-        asyncio.run(run(config, ns.drain_seconds))
+        asyncio.run(run(config, ns.drain_seconds, ns.config, overrides))
     else:
-        uvloop.run(run(config, ns.drain_seconds))
+        uvloop.run(run(config, ns.drain_seconds, ns.config, overrides))
     return 0
 
 

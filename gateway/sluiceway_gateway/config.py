@@ -92,6 +92,8 @@ class GatewayConfig(_Model):
     #: the per-service edge token sent to the pods with every request admitted here (with ``tenants``);
     #: ``None``: the pods check every request themselves
     edge: EdgeConfig | None = None
+    #: seconds between rereads of the keys file and the ``tenants`` section (no restart needed)
+    reload_seconds: float = Field(default=2.0, gt=0, le=3600, description="tenant keys and limits reload poll")
     seed: int | None = None
 
     @field_validator("endpoints")
@@ -129,6 +131,13 @@ def load_gateway_config(path: str | Path | None, overrides: dict[str, Any] | Non
         if loaded is not None and not isinstance(loaded, dict):
             raise GatewayConfigError(f"{path}: expected a mapping at the top")
         tree = dict(loaded or {})
+    return build_gateway_config(tree, overrides)
+
+
+def build_gateway_config(tree: dict[str, Any], overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """The configuration from a parsed file and dotted-key overrides (the command line); raises
+    :class:`GatewayConfigError` naming the bad fields."""
+    tree = dict(tree)
     for key, value in (overrides or {}).items():
         node = tree
         parts = key.split(".")

@@ -1,0 +1,229 @@
+"""Hot reload of the gateway's tenant keys and limits: no restart when a key rotates or a rate changes.
+
+The same rules as the pods' (``sluiceway_pod.reload``, docs/pod.md), read by the gateway's own code
+(the gateway imports no pod code): the keys file (``tenants.keysFile``, the key-hash Secret) and the
+``tenants`` section of the gateway's config file (the operator's ConfigMap) are mounted volumes the
+kubelet updates by swapping the ``..data`` symlink to a new directory. Every ``reloadSeconds`` the
+reloader reads both files *through* their paths, compares their content hash (a symlink swap may keep
+an old mtime) and, when the tenants or keys parsed from them differ from those in force, swaps them
+into the edge admission (:meth:`~sluiceway_gateway.admission.EdgeAdmission.replace`: each tenant's
+token bucket keeps its tokens, its outstanding count stays).
+
+What reloads: every field under ``tenants``. Everything else in the config file (and turning
+``tenants`` on or off) needs a restart: a change there is logged once, counted
+(``restart_required``) and not applied.
+
+Failures never crash and never half-apply: a file missing, unreadable, over :data:`MAX_FILE_BYTES`
+(Kubernetes' own limit for a ConfigMap or Secret), not UTF-8, not YAML/JSON, not a valid gateway
+configuration, or a keys file with a bad line keeps the keys and limits in force; the reason is logged
+once per distinct content, never the content (a bad keys line is named by number), and
+``sluiceway_gateway_config_reload_total{result="rejected"}`` counts it while
+``sluiceway_gateway_config_reload_failing`` is 1.
+
+Concurrency model: :class:`TenantReloader` is one task on the gateway's event loop. Each poll reads and
+parses in a worker thread (:func:`read_tenant_files`: bounded work, no shared state) and applies the
+result back on the loop in one synchronous call, so no request sees half a reload; requests admitted
+before it keep their tickets. Time comes from the injected clock and sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from sluiceway_core.config import TenantsConfig
+from sluiceway_core.keys import KeyFile, parse_keys_text
+
+from .config import GatewayConfig, GatewayConfigError, build_gateway_config
+
+log = logging.getLogger("sluiceway.gateway.reload")
+
+#: Kubernetes refuses a ConfigMap or Secret over 1 MiB, so no mounted file is larger.
+MAX_FILE_BYTES = 1024 * 1024
+
+Current = Callable[[], tuple[TenantsConfig, KeyFile]]
+Apply = Callable[[TenantsConfig, KeyFile], None]
+
+
+class ReloadError(Exception):
+    """A file the reload cannot use. The message names the file and the reason, never its content."""
+
+
+@dataclass(frozen=True)
+class TenantFiles:
+    """What one poll read; ``digest`` covers the bytes of both files."""
+
+    digest: str
+    config: GatewayConfig
+    keys: KeyFile
+
+
+def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The file's bytes, read through any symlinks (``..data``); ReloadError when it is larger than
+    ``limit`` (at most ``limit + 1`` bytes are read) or cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as e:
+        raise ReloadError(f"{path}: cannot be read: {e.strerror or type(e).__name__}") from None
+    if len(data) > limit:
+        raise ReloadError(f"{path}: larger than {limit} bytes")
+    return data
+
+
+def _parse(path: str, data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReloadError(f"{path}: not UTF-8") from None
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ReloadError(f"{path}: not valid YAML/JSON{at}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ReloadError(f"{path}: the top level must be a mapping")
+    return doc
+
+
+def read_tenant_files(config_file: str, overrides: Mapping[str, Any], limit: int = MAX_FILE_BYTES) -> TenantFiles:
+    """Read and parse the config file (with the same command-line overrides as at start) and the
+    keys file it names. Raises ReloadError."""
+    raw = read_capped(config_file, limit)
+    h = hashlib.sha256(len(raw).to_bytes(8, "big") + raw)
+    try:
+        config = build_gateway_config(_parse(config_file, raw), dict(overrides))
+    except GatewayConfigError as e:  # names the fields, not the values
+        raise ReloadError(f"{config_file}: {e}") from None
+    keys = KeyFile(None, ())
+    path = config.tenants.keys_file if config.tenants is not None else None
+    if path is not None:
+        kraw = read_capped(path, limit)
+        h.update(kraw)
+        try:
+            keys = parse_keys_text(kraw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ReloadError(f"{path}: not UTF-8") from None
+        except ValueError as e:  # names the line by number, never its content
+            raise ReloadError(f"{path}: {e}") from None
+    return TenantFiles(h.hexdigest(), config, keys)
+
+
+def outside_tenants(running: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """Top-level sections that need a restart and differ: all but ``tenants``, and ``tenants`` too
+    when it is turned on or off."""
+    a = running.model_dump(exclude={"tenants"})
+    b = new.model_dump(exclude={"tenants"})
+    out = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if (running.tenants is None) != (new.tenants is None):
+        out.append("tenants (turned on or off)")
+    return out
+
+
+class TenantReloader:
+    """Polls the files and swaps tenants and keys in when they change. ``result(name)`` is called
+    once per outcome worth counting: ``applied``, ``rejected``, ``restart_required``; ``failing``
+    with True while the files on disk are rejected, False once they are good again."""
+
+    def __init__(
+        self,
+        config_file: str,
+        overrides: Mapping[str, Any],
+        running: GatewayConfig,
+        current: Current,
+        apply: Apply,
+        *,
+        clock: Callable[[], float],
+        period: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        result: Callable[[str], None] = lambda _r: None,
+        failing: Callable[[bool], None] = lambda _f: None,
+        limit: int = MAX_FILE_BYTES,
+    ) -> None:
+        self.config_file = config_file
+        self.overrides = dict(overrides)
+        self.running = running
+        self._current = current
+        self._apply = apply
+        self.clock = clock
+        self.period = period
+        self._sleep = sleep
+        self._result = result
+        self._failing = failing
+        self.limit = limit
+        self._seen: str | None = None  # digest (or reason) of the last content handled
+        self._warned: tuple[str, ...] = ()
+        self._task: asyncio.Task[None] | None = None
+        self.applied = 0
+
+    async def poll(self) -> str:
+        """One poll: ``unchanged``, ``applied`` or ``rejected``."""
+        try:
+            files = await asyncio.to_thread(read_tenant_files, self.config_file, self.overrides, self.limit)
+        except ReloadError as e:
+            return self._reject(str(e), None)
+        if files.digest == self._seen:
+            return "unchanged"
+        self._failing(False)
+        outside = tuple(outside_tenants(self.running, files.config))
+        if outside and outside != self._warned:
+            log.warning("config file: %s changed; only the tenants section reloads, the rest applies after a "
+                        "restart", ", ".join(outside))
+            self._result("restart_required")
+        self._warned = outside
+        tenants = files.config.tenants
+        if tenants is None or self.running.tenants is None or (tenants, files.keys) == self._current():
+            self._seen = files.digest
+            return "unchanged"
+        try:
+            self._apply(tenants, files.keys)
+        except ValueError as e:
+            return self._reject(f"tenants: {e}", files.digest)
+        self._seen = files.digest
+        self.applied += 1
+        log.info("reloaded tenants: %d listed, %d keys, anonymous %s", len(tenants.tenants),
+                 len(files.keys.entries), "on" if tenants.anonymous_allowed else "off")
+        self._result("applied")
+        return "applied"
+
+    def _reject(self, why: str, digest: str | None) -> str:
+        key = digest or why
+        if key != self._seen:
+            log.error("tenant reload rejected, keeping the keys and limits in force: %s", why)
+            self._result("rejected")
+            self._seen = key
+        self._failing(True)
+        return "rejected"
+
+    async def run(self) -> None:
+        """Poll every ``period`` seconds until cancelled. Never raises but CancelledError."""
+        while True:
+            due = self.clock() + self.period
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a defect here must not end the reloads, nor the gateway
+                log.exception("tenant reload failed")
+            await self._sleep(max(0.0, due - self.clock()))
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-reload")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
