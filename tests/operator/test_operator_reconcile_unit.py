@@ -118,3 +118,39 @@ def test_builtin_engine_policy_carries_the_release_window() -> None:
     # Off: the pace holds (at most max(1 pod, 2 %) per minute below the highest recent count).
     paced = desired_replicas(quiet, scaling(releaseWindow="0s"), 50, history, 1275.0)
     assert paced.replicas == 49, paced.reason
+
+
+def test_edge_token_without_a_quota_key_is_generated_once_and_kept() -> None:
+    """No quota key: the gateway's token is random (256 bits) the first time and the one in this
+    object's own ``<name>-edge`` Secret afterwards; a Secret it does not control, or one holding no
+    usable token, is not trusted."""
+    import base64
+
+    def token_of(kube: FakeKube) -> str:
+        (secret,) = [m for kind, m in kube.applied_manifests if kind == "Secret" and m["metadata"]["name"] == "a-edge"]
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    body = _body(gateway={"enabled": True})
+    first = FakeKube()
+    Reconciler(OPEN, first).apply_children(body)  # type: ignore[arg-type]
+    token = token_of(first)
+    assert len(token) == 64 and int(token, 16) >= 0
+    again = FakeKube()
+    kept = {"token": base64.b64encode(token.encode()).decode()}
+    again.objects[("Secret", "a-edge")] = {
+        "metadata": {"name": "a-edge", "ownerReferences": [{"uid": "u1", "controller": True}]},
+        "data": kept,
+    }
+    Reconciler(OPEN, again).apply_children(body)  # type: ignore[arg-type]
+    assert token_of(again) == token
+    for data, refs in (
+        ({"token": base64.b64encode(b"short").decode()}, [{"uid": "u1", "controller": True}]),
+        (kept, []),
+    ):
+        other = FakeKube()
+        other.objects[("Secret", "a-edge")] = {"metadata": {"name": "a-edge", "ownerReferences": refs}, "data": data}
+        outcome = Reconciler(OPEN, other).apply_children(body)  # type: ignore[arg-type]
+        if refs:  # ours but unusable: a fresh one
+            assert token_of(other) not in (token, "short")
+        else:  # not ours: never adopted
+            assert outcome.config_error is not None and outcome.config_error[0] == "NameConflict"
