@@ -177,3 +177,30 @@ def test_the_gateways_prediction_counts_the_pods_starting_beside_a_ready_one() -
     assert edge.held == pytest.approx(3000.0)
     # and what the five cannot answer in time is refused at once
     assert edge._admit(1, 2000.0, pool) == pytest.approx(5000.0 - 4460.0)
+
+
+def test_ours_asks_for_the_held_burst_while_the_first_pod_still_loads_and_not_for_long_after() -> None:
+    """Issue 20's hold term, in the simulator through the same policy: 100 requests a second for
+    120 s reach the service at zero (120 s start-up, 300 s deadline). Before it, ours stayed at 1
+    pod for the whole first start-up (the scaler read only the pods, and a loading pod reports no
+    load); now it asks for the pods the held requests and the arrivals need while the first one
+    loads. Once drained nothing keeps the surge past ``scaleToZeroAfter``: the drain itself reads as
+    load (busy pods) for the scale-down window, so the count stays until the service goes to zero
+    300 s after the last held request was handed off."""
+    seconds, at = 1800, 200
+    rate = np.zeros(seconds)
+    rate[at : at + 120] = 100.0
+    model = ServiceModel(startup=Startup(120.0, 120.0), slo=300.0)
+    spec = default_spec(20)
+    ctl = OursZero(OursKeda(spec, rendered_behavior(spec, windows_add_up=True)), scale_to_zero_after=300.0)
+    edge = replace(GATEWAY, max_requests=100_000.0)
+    scores, rec = run("burst", rate, rate.astype(np.int64), ctl, model, seed=1, edge=edge)
+    first_ready = at + int(np.flatnonzero(rec.ready[at:] > 0)[0])
+    asked = int(rec.target[at:first_ready].max())
+    zero = int(np.flatnonzero(rec.target[first_ready:] == 0)[0]) + first_ready - at
+    print(f"\nfirst pod ready {first_ready - at} s after the burst; asked for at most {asked} before it; "
+          f"on time {scores.slo_attainment:.3f}; peak {int(rec.target.max())}; zero again {zero} s after it began")
+    assert asked >= 8  # 100/s x 0.2 s / (4 x 0.8) = 6.25 for the arrivals alone, more for the held
+    assert scores.slo_attainment > 0.9
+    drained = at + int(np.flatnonzero(rec.held[at:] == 0)[0])
+    assert int(rec.target[drained + 300 + 30]) == 0  # scaleToZeroAfter past the drain (and KEDA's poll)
