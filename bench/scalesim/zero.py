@@ -9,11 +9,11 @@ policy at ``minReplicas`` 1 and 0, with what the edge did (held, refused at once
 time) and the cold starts. The policies, each with its own edge (``bench.scalesim.edge``):
 
 - ``ours-keda``: our gateway's hold queue, the scaler's activation through ``StreamIsActive``, KEDA
-  owning 1 -> N with our policy, ``scaleToZeroAfter`` (``OursZero``); ``ours-keda-hold10k`` the same
-  with ``hold.maxRequests`` 10,000 (the activator's bound) in place of the default 1,024;
-  ``ours-keda-counts-held`` the scaler adding the gateway's held requests to the requests in the
-  pods (issue 20's demand term, without its rule for what starting pods will absorb, which the
-  policy does not have);
+  owning 1 -> N with our policy (its hold term reading the gateway's held count and arrival rate),
+  ``scaleToZeroAfter`` (``OursZero``); ``ours-keda-hold10k`` the same with ``hold.maxRequests``
+  10,000 (the activator's bound) in place of the default 1,024; ``ours-keda-counts-held`` the policy
+  without the hold term, the scaler adding the gateway's held requests to the requests in the pods
+  (the reading of issue 20 before the hold term);
 - ``knative-kpa``: the activator; ``scale-to-zero-grace-period`` 30 s after the stable window reads 0;
 - ``keda-http``: KEDA's HTTP add-on, the interceptor; ``scaledownPeriod`` 300 s; 80 % of a replica's
   permits per replica (the ``concurrency.targetValue`` default, 100, would add a replica per 100
