@@ -31,29 +31,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from sluiceway_core.config import TenantsConfig
 from sluiceway_core.keys import KeyFile, parse_keys_text
+from sluiceway_core.reloadfiles import MAX_FILE_BYTES, ReloadError, parse_mapping, read_capped
 
 from .config import GatewayConfig, GatewayConfigError, build_gateway_config
 
 log = logging.getLogger("sluiceway.gateway.reload")
 
-#: Kubernetes refuses a ConfigMap or Secret over 1 MiB, so no mounted file is larger.
-MAX_FILE_BYTES = 1024 * 1024
 
 Current = Callable[[], tuple[TenantsConfig, KeyFile]]
 Apply = Callable[[TenantsConfig, KeyFile], None]
-
-
-class ReloadError(Exception):
-    """A file the reload cannot use. The message names the file and the reason, never its content."""
 
 
 @dataclass(frozen=True)
@@ -65,44 +58,13 @@ class TenantFiles:
     keys: KeyFile
 
 
-def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The file's bytes, read through any symlinks (``..data``); ReloadError when it is larger than
-    ``limit`` (at most ``limit + 1`` bytes are read) or cannot be read."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as e:
-        raise ReloadError(f"{path}: cannot be read: {e.strerror or type(e).__name__}") from None
-    if len(data) > limit:
-        raise ReloadError(f"{path}: larger than {limit} bytes")
-    return data
-
-
-def _parse(path: str, data: bytes) -> dict[str, Any]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ReloadError(f"{path}: not UTF-8") from None
-    try:
-        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise ReloadError(f"{path}: not valid YAML/JSON{at}") from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise ReloadError(f"{path}: the top level must be a mapping")
-    return doc
-
-
 def read_tenant_files(config_file: str, overrides: Mapping[str, Any], limit: int = MAX_FILE_BYTES) -> TenantFiles:
     """Read and parse the config file (with the same command-line overrides as at start) and the
     keys file it names. Raises ReloadError."""
     raw = read_capped(config_file, limit)
     h = hashlib.sha256(len(raw).to_bytes(8, "big") + raw)
     try:
-        config = build_gateway_config(_parse(config_file, raw), dict(overrides))
+        config = build_gateway_config(parse_mapping(config_file, raw), dict(overrides))
     except GatewayConfigError as e:  # names the fields, not the values
         raise ReloadError(f"{config_file}: {e}") from None
     keys = KeyFile(None, ())

@@ -30,29 +30,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from sluiceway_core.config import ConfigError, PodConfig, TenantsConfig, build_config, env_overrides
 from sluiceway_core.keys import KeyFile, parse_keys_text
+from sluiceway_core.reloadfiles import MAX_FILE_BYTES, ReloadError, parse_mapping, read_capped
 
 from .clock import Clock
 
 log = logging.getLogger("sluiceway.reload")
 
-#: Kubernetes refuses a ConfigMap or Secret over 1 MiB, so no mounted file is larger.
-MAX_FILE_BYTES = 1024 * 1024
 #: Seconds between polls. The kubelet itself takes up to its sync period plus its cache TTL (about
 #: a minute by default) to update a mounted volume; polling faster costs two small reads.
 DEFAULT_PERIOD = 2.0
-
-
-class ReloadError(Exception):
-    """A file the reload cannot use. The message names the file and the reason, never its content."""
 
 
 @dataclass(frozen=True)
@@ -75,37 +68,6 @@ class TenantFiles:
     config: PodConfig
 
 
-def read_capped(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The file's bytes, read through any symlinks (``..data``); ReloadError when it is larger than
-    ``limit`` (at most ``limit + 1`` bytes are read) or cannot be read."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as e:
-        raise ReloadError(f"{path}: cannot be read: {e.strerror or type(e).__name__}") from None
-    if len(data) > limit:
-        raise ReloadError(f"{path}: larger than {limit} bytes")
-    return data
-
-
-def _parse_config(path: str, data: bytes) -> dict[str, Any]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ReloadError(f"{path}: not UTF-8") from None
-    try:
-        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise ReloadError(f"{path}: not valid YAML/JSON{at}") from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise ReloadError(f"{path}: the top level must be a mapping")
-    return doc
-
-
 def read_tenant_files(source: Source, limit: int = MAX_FILE_BYTES) -> TenantFiles:
     """Read and parse the config file and the keys file it names. Raises ReloadError."""
     h = hashlib.sha256()
@@ -113,7 +75,7 @@ def read_tenant_files(source: Source, limit: int = MAX_FILE_BYTES) -> TenantFile
     if source.config_file is not None:
         raw = read_capped(source.config_file, limit)
         h.update(len(raw).to_bytes(8, "big") + raw)
-        layer = _parse_config(source.config_file, raw)
+        layer = parse_mapping(source.config_file, raw)
     try:
         config = build_config(env_overrides(source.environ), layer, source.flags)
     except ConfigError as e:
