@@ -19,9 +19,14 @@ from sluiceway_core.units import QUANTITY_PATTERN, UnitError, parse_quantity
 CRD = Path(__file__).resolve().parents[2] / "crds" / "inferenceservices.sluiceway.io.yaml"
 
 
+#: The other int-or-string kind: a count or a percentage (``rollout.maxSurge``/``maxUnavailable``, as
+#: the Deployment's own fields), not a quantity.
+INT_OR_PERCENT = "^([0-9]+%?)$"
+
+
 def _quantity_patterns(node: Any, out: list[str]) -> list[str]:
     if isinstance(node, dict):
-        if node.get("x-kubernetes-int-or-string") and "pattern" in node:
+        if node.get("x-kubernetes-int-or-string") and node.get("pattern", INT_OR_PERCENT) != INT_OR_PERCENT:
             out.append(node["pattern"])
         for v in node.values():
             _quantity_patterns(v, out)
