@@ -130,10 +130,10 @@ def component_logs(layout: Layout, prefix: str) -> str:
     )
 
 
-def last_decision(layout: Layout) -> str:
-    """The scaler's last logged decision for the demo service (why the count is what it is)."""
+def last_decision(layout: Layout, n: int = 40) -> str:
+    """The scaler's last ``n`` logged decisions for the demo service (why the count is what it is)."""
     lines = [ln for ln in component_logs(layout, "sluiceway-scaler").splitlines() if f"{NS}/{NAME}:" in ln]
-    return lines[-1] if lines else "no decision logged by the scaler"
+    return "\n".join(lines[-n:]) if lines else "no decision logged by the scaler"
 
 
 def listening(ip: str, port: int) -> bool:

@@ -220,10 +220,7 @@ def test_gateway_spreads_keepalive_clients(sandbox: Layout) -> None:
     # the test above leaves its 4 pods running: remove them (not waited for) to free the CPU
     if kube.get_or_none(f"/apis/sluiceway.io/v1alpha1/namespaces/{NS}/inferenceservices/{NAME}"):
         kube.delete(f"/apis/sluiceway.io/v1alpha1/namespaces/{NS}/inferenceservices/{NAME}")
-    docs = in_namespace(fixed_replicas([d for d in yaml.safe_load_all(SAMPLE.read_text()) if d], 1), GW_NS)
-    for d in docs:
-        if d.get("kind") == "InferenceService":
-            d["spec"]["gateway"] = {"enabled": True, "replicas": 1, "routing": "leastWait"}
+    docs = gateway_docs(1)
     for d in docs:
         kube.apply(d)
     key = next(s["stringData"]["key"] for s in docs if s["kind"] == "Secret" and s["metadata"]["name"] == "search-key")
@@ -326,3 +323,93 @@ def test_gateway_spreads_keepalive_clients(sandbox: Layout) -> None:
     assert routable.get("routable") == REPLICAS, routable
     assert total >= 0.8 * RATE * (WINDOW - SETTLE), (window, "the pods did not serve the steady load")
     assert worst <= EVEN_MARGIN, shares
+
+
+QUOTA, BURST = 20.0, 20  # the sample's reports: rate 20/s, burst 20 (alerts: 20/s, burst 40, maxConcurrent 8)
+QUOTA_SECONDS = 40.0  # the quota test's load
+CLUMP, CLUMP_EVERY = 6, 1.2  # alerts: 6 requests at once every 1.2 s in each of its two patterns
+
+
+def gateway_docs(replicas: int) -> list[dict[str, Any]]:
+    """The sample in ``GW_NS`` at a fixed count, with the gateway on (one replica, leastWait)."""
+    docs = in_namespace(fixed_replicas([d for d in yaml.safe_load_all(SAMPLE.read_text()) if d], replicas), GW_NS)
+    for d in docs:
+        if d.get("kind") == "InferenceService":
+            d["spec"]["gateway"] = {"enabled": True, "replicas": 1, "routing": "leastWait"}
+    return docs
+
+
+def test_gateway_holds_tenant_quotas_service_wide(sandbox: Layout) -> None:
+    """Issue 19 §4, quotas at the edge: the sample with the gateway at 2 replicas (the pods each
+    enforce the whole quota by themselves: no quota coordinator in this sandbox, so the service-wide
+    bound is the gateway's alone). For ``QUOTA_SECONDS`` = 40 s, through the gateway Service's
+    ClusterIP: ``reports`` offers 60/s, 3x its 20/s quota (Poisson, 8 keep-alive clients x 1
+    connection); ``alerts`` offers 10/s, 0.5x its quota, in clumps of 6 requests at once (inside its
+    burst of 40 and its ``maxConcurrent`` 8) every 1.2 s from each of two patterns, half a period
+    apart: 8 keep-alive clients x 1 connection, and a pool that opens a connection whenever none is
+    idle (each clump's requests on as many connections).
+
+    The measure: the load generator's own count of ``reports``' 2xx answers to the requests it
+    scheduled in the run (every request answered before the run ends: nothing in flight is dropped),
+    over ``D``, the span from its first to its last scheduled request. Asserted: ``ok <= 1.05 x QUOTA
+    x D`` (the bucket allows ``QUOTA x D + BURST`` at most: 1.025x over 40 s, so 1.05 leaves the
+    answers' timing jitter and nothing more), ``ok >= 0.8 x QUOTA x D`` (the quota is served, not
+    starved), and every ``alerts`` request answered 2xx in both patterns.
+    """
+    layout = sandbox
+    kube = Kube.as_identity(layout, "admin")
+    docs = gateway_docs(2)
+    for d in docs:
+        kube.apply(d)
+    keys = {s["metadata"]["name"]: s["stringData"]["key"] for s in docs if s["kind"] == "Secret"}
+    gw_name = f"{NAME}-gateway"
+    watcher = EndpointWatcher(kube, GW_NS, NAME)
+    wait_for(lambda: len(watcher.poll()) == 2, 120, f"2 ready endpoints of {GW_NS}/{NAME}",
+             lambda: summary(kube, GW_NS))
+    gw_selector = "app.kubernetes.io/name=sluiceway-gateway"
+    (gw_pod,) = wait_for(lambda: [p for p in pods(kube, GW_NS, gw_selector) if is_ready(p)], 90,
+                         f"a Ready pod of Deployment {gw_name}", lambda: summary(kube, GW_NS))
+    gw_ip = gw_pod["status"]["podIP"]
+    wait_for(lambda: gateway_endpoints(gw_ip).get("routable") == 2, 60, "the gateway routing to 2 pods",
+             lambda: str(gateway_endpoints(gw_ip)))
+    gw_watcher = EndpointWatcher(kube, GW_NS, gw_name)
+    wait_for(gw_watcher.poll, 60, f"a ready endpoint of Service {gw_name}", lambda: summary(kube, GW_NS))
+    service = service_address(kube, GW_NS, gw_name)
+    path = f"/v2/models/{NAME}/infer"
+    heavy = Client("reports", keys["reports-key"], "batch", 3 * QUOTA)
+    light = Client("alerts", keys["alerts-key"], "critical", 0.5 * QUOTA)
+    heavy_schedule = build_schedule([Phase("3x", QUOTA_SECONDS, 3 * QUOTA)], [heavy], seed=23)
+    clumps = [i * CLUMP_EVERY for i in range(int(QUOTA_SECONDS / CLUMP_EVERY))]
+    light_keepalive = [(t + 0.001 * k, 0) for t in clumps for k in range(CLUMP)]
+    light_pooled = [(t + CLUMP_EVERY / 2 + 0.001 * k, 0) for t in clumps for k in range(CLUMP)]
+    runs = [
+        run_load_in_thread(heavy_schedule, [heavy], path, service=service, keepalive=CLIENTS),
+        run_load_in_thread(light_keepalive, [light], path, service=service, keepalive=CLIENTS),
+        run_load_in_thread(light_pooled, [light], path, per_request=lambda: [service]),
+    ]
+    try:
+        for thread, _outcomes, _stop in runs:
+            thread.join(timeout=QUOTA_SECONDS + 30)
+            assert not thread.is_alive(), "a load generator did not finish in time"
+    finally:
+        for thread, _outcomes, stop in runs:
+            stop.set()
+            thread.join(timeout=30)
+    (heavy_out, keep_out, pooled_out) = [list(outcomes) for _t, outcomes, _s in runs]
+    span = heavy_schedule[-1][0] - heavy_schedule[0][0]
+    ok = sum(1 for o in heavy_out if 200 <= o.status < 300)
+    refused: dict[str, int] = {}
+    for o in heavy_out:
+        if not 200 <= o.status < 300:
+            refused[f"{o.status} {o.reason}"] = refused.get(f"{o.status} {o.reason}", 0) + 1
+    light_bad = [(round(o.t, 2), o.status, o.reason) for o in keep_out + pooled_out if not 200 <= o.status < 300]
+    print(f"\nquotas through the gateway ({service}, 2 pods): reports (offers 3x) {len(heavy_out)} sent, {ok} ok in "
+          f"{span:.1f} s = {ok / (QUOTA * span):.3f}x its quota "
+          f"(bucket bound {(QUOTA * span + BURST) / (QUOTA * span):.3f}x), "
+          f"refused {refused}; alerts (offers 0.5x in clumps of {CLUMP}): {len(keep_out)} over keep-alive clients, "
+          f"{len(pooled_out)} over pooled connections, refused: {light_bad}")
+    assert len(heavy_out) == len(heavy_schedule) and len(keep_out) == len(light_keepalive), "requests lost"
+    assert len(pooled_out) == len(light_pooled), "requests lost"
+    assert ok <= 1.05 * QUOTA * span, (ok, QUOTA * span)
+    assert ok >= 0.8 * QUOTA * span, (ok, QUOTA * span, refused)
+    assert not light_bad, light_bad
