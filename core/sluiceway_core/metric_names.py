@@ -100,9 +100,11 @@ GATEWAY_ANSWERS = "sluiceway_gateway_answers_total"
 GATEWAY_REFUSED = "sluiceway_gateway_refused_total"
 #: ``reason`` labels of ``GATEWAY_REFUSED`` that mean "no pod could take the request", besides the
 #: hold queue's bounds (``GATEWAY_HOLD_REFUSED``): no pod ready and no hold queue, or a request
-#: held to its deadline. The scaler's activation counts them with the bounds' refusals: a service
-#: whose requests are all refused at once (deadlines shorter than its start-up) must still wake.
-GATEWAY_WANT_OF_POD_REASONS = ("no_ready_pods", "hold_timeout")
+#: held to its deadline, or refused at once because the predicted ready time is past its deadline.
+#: The scaler's activation counts them with the bounds' refusals: a service whose requests are all
+#: refused at once (deadlines shorter than its start-up) must still wake. The gateway creates each
+#: at 0, so Prometheus's increase() sees the first one.
+GATEWAY_WANT_OF_POD_REASONS = ("no_ready_pods", "hold_timeout", "no_capacity_in_time")
 
 # Labels that Prometheus's relabeling puts on every scraped inference-pod series.
 SCRAPE_LABELS = ("namespace", "inferenceservice", "pod")

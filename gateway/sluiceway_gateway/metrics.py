@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sluiceway_core.metric_names import GATEWAY_WANT_OF_POD_REASONS
 
 MAX_POD_LABELS = 64
 KNOWN_REASONS = frozenset({
@@ -82,6 +83,8 @@ class GatewayMetrics:
             self.hold_seconds.labels(outcome)
         for bound in sorted(HOLD_BOUNDS):
             self.hold_refused.labels(bound)
+        for reason in GATEWAY_WANT_OF_POD_REASONS:  # increase() cannot see a series' first sample
+            self.refused.labels(reason)
         self._pods: dict[str, PodSeries] = {}
         self._codes: dict[int, Any] = {}
 

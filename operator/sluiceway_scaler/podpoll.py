@@ -9,7 +9,7 @@ be read, or whose numbers are not finite and non-negative, is skipped; if none c
 result is ``None`` (unknown), which never deactivates the service.
 
 A URL may also be a gateway's ``/metrics`` (issue 20): its held requests count as queued, and its
-refusals for want of a pod (the hold queue's bounds, ``no_ready_pods``, ``hold_timeout``) as
+refusals for want of a pod (the hold queue's bounds and ``metric_names.GATEWAY_WANT_OF_POD_REASONS``) as
 requests enqueued, so the first request held or refused at zero activates within one poll. The
 trigger's Prometheus signals are consulted as well when no URL shows activity
 (:meth:`sluiceway_scaler.service.ExternalScalerService.activity`).

@@ -238,3 +238,19 @@ def test_an_answer_does_not_count_itself_as_sent_since_the_report() -> None:
     assert predicted_wait_ms(busy) == pytest.approx(27.0)
     assert predicted_wait_ms(idle) == 0.0
     assert choose([busy, idle], "leastWait", random.Random(0)) is idle
+
+
+def test_refusals_for_want_of_a_pod_exist_at_zero_for_the_scalers_increase() -> None:
+    """The scaler wakes a service at zero on ``increase(sluiceway_gateway_refused_total{reason=~...})``;
+    Prometheus's increase() cannot see the first refusal on a series born with it, so every reason the
+    scaler counts exists at 0 from the start, the early 503 ``no_capacity_in_time`` included."""
+    from prometheus_client import CollectorRegistry
+    from sluiceway_core import metric_names as names
+    from sluiceway_gateway.errors import NoCapacityInTime
+    from sluiceway_gateway.metrics import GatewayMetrics
+
+    assert NoCapacityInTime.reason in names.GATEWAY_WANT_OF_POD_REASONS
+    reg = CollectorRegistry()
+    GatewayMetrics(reg)
+    for reason in names.GATEWAY_WANT_OF_POD_REASONS:
+        assert reg.get_sample_value(names.GATEWAY_REFUSED, {"reason": reason}) == 0.0, reason
