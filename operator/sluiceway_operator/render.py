@@ -644,8 +644,7 @@ def pod_config_hash(cfg: PodConfig) -> str:
 
 
 def config_hash(config_yaml: str, keys: str) -> str:
-    """Hash of a config text and a key file (:func:`pod_config_hash` for the pods; the gateway's,
-    which restarts on either: cheap, no model)."""
+    """Hash of a config text and a key file (:func:`pod_config_hash`, :func:`gateway_config_hash`)."""
     h = hashlib.sha256()
     h.update(config_yaml.encode())
     h.update(b"\0")
@@ -1215,10 +1214,15 @@ def build_network_policy(owner: Owner) -> dict[str, Any]:
     }
 
 
-def gateway_config_hash(config_yaml: str, keys: str) -> str:
-    """What the gateway reads at start: its config and the key hashes. A change rolls the gateway
-    (cheap: no model, no warm-up)."""
-    return config_hash(config_yaml, keys)
+def gateway_config_hash(config_yaml: str) -> str:
+    """What the gateway reads only at start, so a change rolls it: its config without the ``tenants``
+    section (the key file's path aside) and without the key file: the gateway reloads both in place
+    when the kubelet updates the mounted ConfigMap and Secret (``sluiceway_gateway.reload``), as the
+    pods do (:func:`pod_config_hash`)."""
+    data = yaml.safe_load(config_yaml) or {}
+    tenants = data.pop("tenants", None) or {}
+    data["tenants"] = {"keysFile": tenants.get("keysFile")}
+    return config_hash(yaml.safe_dump(data, sort_keys=True), "")
 
 
 def build_gateway_children(
@@ -1333,7 +1337,7 @@ def build_gateway_children(
                 "template": {
                     "metadata": {
                         "labels": labels,
-                        "annotations": {CONFIG_HASH_ANNOTATION: gateway_config_hash(config_yaml, keys)},
+                        "annotations": {CONFIG_HASH_ANNOTATION: gateway_config_hash(config_yaml)},
                     },
                     "spec": pod_spec,
                 },

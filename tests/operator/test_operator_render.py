@@ -50,10 +50,6 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
     from sluiceway_operator.render import GATEWAY_CONFIG_FILE, gateway_config_hash, pod_config_hash
 
     out = copy.deepcopy(rendered.manifests)
-    secret = next(m for m in rendered.manifests if m["kind"] == "Secret" and m["metadata"]["name"].endswith("-keys"))
-    import base64
-
-    keys = base64.b64decode(secret["data"]["keys.txt"]).decode()
     for m in out:
         if m["kind"] == "ConfigMap" and GATEWAY_CONFIG_FILE in m["data"]:
             # the gateway's own model loads it (gateway/sluiceway_gateway/config.py)
@@ -67,7 +63,7 @@ def _golden_form(rendered: Any) -> list[dict[str, Any]]:
             )
         if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-gateway"):
             ann = m["spec"]["template"]["metadata"]["annotations"]
-            assert ann[CONFIG_HASH_ANNOTATION] == gateway_config_hash(gateway_cm, keys)
+            assert ann[CONFIG_HASH_ANNOTATION] == gateway_config_hash(gateway_cm)
             ann[CONFIG_HASH_ANNOTATION] = "<gateway-config-hash>"
         elif m["kind"] == "Deployment":
             ann = m["spec"]["template"]["metadata"]["annotations"]
@@ -595,23 +591,6 @@ def test_gateway_off_prunes_every_gateway_child() -> None:
     }
 
 
-def test_gateway_rolls_on_key_or_config_changes() -> None:
-    cr = load_case("gateway")
-    owner = Owner("edge", "serving", "u")
-    spec = parse_spec(cr["spec"])
-    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
-
-    def gateway_hash(s: Any, h: dict[str, str]) -> str:
-        dep = _gateway_children(render(owner, s, h, ENV, salt=TEST_SALT, edge_token=TEST_EDGE_TOKEN))["Deployment"]
-        return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
-
-    base = gateway_hash(spec, hashes)
-    assert gateway_hash(spec, hashes) == base
-    assert gateway_hash(spec, {**hashes, "search": hash_key("rotated-key", TEST_SALT)}) != base
-    routed = parse_spec({**cr["spec"], "gateway": {**cr["spec"]["gateway"], "routing": "random"}})
-    assert gateway_hash(routed, hashes) != base
-
-
 # -- spec.model.storageUri (issue 22 §1/§2) -----------------------------------------------------------
 
 
@@ -1010,3 +989,29 @@ def test_pods_behind_the_gateway_are_labelled_for_the_charts_network_policy() ->
     assert "sluiceway.io/behind-gateway" not in labels(off)
     dep = _named(_render_case("minimal"), "Deployment", "tiny")
     assert dep is not None and "sluiceway.io/behind-gateway" not in dep["spec"]["template"]["metadata"]["labels"]
+
+
+def test_keys_and_tenant_limits_do_not_roll_the_gateway_but_its_restart_settings_do() -> None:
+    """The gateway reloads its key file and its config's tenants section in place, as the pods do
+    (gateway/sluiceway_gateway/reload.py): a rotated key or a changed rate keeps its pod template;
+    a setting it reads only at start (routing) rolls it."""
+    cr = load_case("gateway")
+    owner = Owner("edge", "serving", "u")
+
+    def gateway_hash(spec_patch: dict[str, Any], extra_keys: dict[str, str] | None = None) -> str:
+        spec = parse_spec({**cr["spec"], **spec_patch})
+        hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+        rendered = render(owner, spec, {**hashes, **(extra_keys or {})}, ENV, salt=TEST_SALT,
+                          edge_token=TEST_EDGE_TOKEN)
+        dep = _named(rendered, "Deployment", "edge-gateway")
+        assert dep is not None
+        return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    base = gateway_hash({})
+    first = cr["spec"]["tenants"][0]["name"]
+    assert gateway_hash({}, {first: hash_key("a-rotated-key", TEST_SALT)}) == base
+    tenants = [dict(t) for t in cr["spec"]["tenants"]]
+    tenants[0]["rate"] = "1/s"
+    assert gateway_hash({"tenants": tenants}) == base
+    other = "random" if cr["spec"]["gateway"].get("routing") != "random" else "leastWait"
+    assert gateway_hash({"gateway": {**cr["spec"]["gateway"], "routing": other}}) != base
