@@ -149,8 +149,6 @@ def test_load_step_scales_up_fast_and_down_only_after_window(
     assert signals.ok and (signals.queue_depth or 0) > 0
     assert signals.wait_p95 is not None and signals.wait_p95 > 0
     assert (signals.arrival_rate or 0) > 0 and (signals.completion_rate or 0) > 0
-    # the requests in the pods (running + queued): the policy's concurrency term reads it
-    assert signals.requests_in_pods is not None and signals.requests_in_pods > 0, signals
     assert pods_up == 1
 
     # KEDA asks on every polling interval; the scaler only remembers what it was asked. Ask through
