@@ -122,10 +122,17 @@ class EndpointSliceWatch:
                 raise ValueError(f"list endpointslices: HTTP {r.status}")
             if (r.content_length or 0) > MAX_LIST_BYTES:
                 raise ValueError("list answer over the size cap")
-            raw = await r.content.read(MAX_LIST_BYTES + 1)
-            if len(raw) > MAX_LIST_BYTES:
-                raise ValueError("list answer over the size cap")
-        doc = json.loads(raw)
+            parts: list[bytes] = []
+            size = 0
+            while True:  # read(n) returns what has arrived: read to the end, within the cap
+                chunk = await r.content.read(MAX_LIST_BYTES + 1 - size)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_LIST_BYTES:
+                    raise ValueError("list answer over the size cap")
+        doc = json.loads(b"".join(parts))
         self.slices = {i["metadata"]["name"]: i for i in doc.get("items") or [] if isinstance(i, dict)}
         return str(doc.get("metadata", {}).get("resourceVersion", ""))
 
