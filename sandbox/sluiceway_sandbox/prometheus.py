@@ -5,9 +5,10 @@ discovering the inference pods through
 ServiceAccount ``monitoring/prometheus`` (get/list/watch pods, nothing else). No static targets.
 
 Relabeling is the one the chart's PodMonitor asks of a real cluster (``charts/sluiceway/templates/
-monitoring.yaml``): keep pods labelled ``app.kubernetes.io/name=sluiceway-pod`` on their container
-port named ``metrics``; set ``namespace``, ``inferenceservice`` (from the pod label
-``sluiceway.io/inferenceservice``) and ``pod``. A second job scrapes the scaler's ``metrics`` port
+monitoring.yaml``): keep pods labelled ``app.kubernetes.io/name=sluiceway-pod`` (and the gateways,
+``sluiceway-gateway``, marked ``component="gateway"``) on their container port named ``metrics``;
+set ``namespace``, ``inferenceservice`` (from the pod label ``sluiceway.io/inferenceservice``) and
+``pod``. A second job scrapes the scaler's ``metrics`` port
 (pods labelled ``app.kubernetes.io/name=sluiceway-scaler``).
 
 :func:`prometheus_config` and :func:`prometheus_manifests` are pure; :func:`start_prometheus` runs
@@ -40,6 +41,10 @@ __all__ = [
 NAMESPACE = "monitoring"
 SERVICE_ACCOUNT = "prometheus"
 POD_APP_LABEL = "sluiceway-pod"
+#: The operator-rendered gateways are scraped by the pods' job, their series marked
+#: ``component="gateway"`` (the chart's PodMonitor does the same): the scaler's activation reads
+#: their hold queue, and its counts of pods (``up``) leave them out.
+GATEWAY_APP_LABEL = "sluiceway-gateway"
 SCALER_APP_LABEL = "sluiceway-scaler"
 METRICS_PORT_NAME = "metrics"
 
@@ -104,9 +109,12 @@ def prometheus_config(
             "metrics_path": "/metrics",
             "kubernetes_sd_configs": sd,
             "relabel_configs": [
-                _keep("__meta_kubernetes_pod_label_app_kubernetes_io_name", POD_APP_LABEL),
+                _keep("__meta_kubernetes_pod_label_app_kubernetes_io_name", f"{POD_APP_LABEL}|{GATEWAY_APP_LABEL}"),
                 *common,
                 _copy("__meta_kubernetes_pod_label_sluiceway_io_inferenceservice", inference_service),
+                {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                 "regex": GATEWAY_APP_LABEL, "target_label": "component", "replacement": "gateway",
+                 "action": "replace"},
             ],
         }
     ]

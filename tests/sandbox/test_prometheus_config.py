@@ -87,7 +87,7 @@ def test_discovery_and_relabeling(tmp_path: Path) -> None:
     pods = jobs["sluiceway-pods"]["relabel_configs"]
     keeps = {r["source_labels"][0]: r["regex"] for r in pods if r["action"] == "keep"}
     assert keeps == {
-        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "sluiceway-pod",
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": "sluiceway-pod|sluiceway-gateway",
         "__meta_kubernetes_pod_container_port_name": "metrics",
         "__meta_kubernetes_pod_phase": "Running",
     }
@@ -96,7 +96,10 @@ def test_discovery_and_relabeling(tmp_path: Path) -> None:
         "namespace": "__meta_kubernetes_namespace",
         "inferenceservice": "__meta_kubernetes_pod_label_sluiceway_io_inferenceservice",
         "pod": "__meta_kubernetes_pod_name",
+        "component": "__meta_kubernetes_pod_label_app_kubernetes_io_name",
     }
+    (gateway,) = [r for r in pods if r.get("target_label") == "component"]
+    assert (gateway["regex"], gateway["replacement"]) == ("sluiceway-gateway", "gateway")  # as the chart's PodMonitor
     scaler_keep = [r["regex"] for r in jobs["sluiceway-scaler"]["relabel_configs"] if r["action"] == "keep"]
     assert "sluiceway-scaler" in scaler_keep
     only_pods = yaml.safe_load(prometheus_config("https://198.18.0.1:6443", ca, token, scrape_scaler=False))
