@@ -19,7 +19,7 @@ import argparse
 import logging
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -121,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         coordinator = QuotaCoordinator(args.quota_lease_seconds, key=quota_key)
         _quota, qport, _ = serve_quota(coordinator, args.host, args.quota_port)
         print(f"sluiceway-scaler quota coordinator listening on {args.host}:{qport}", flush=True)
-    done = threading.Event()
+    # The handler only appends to a list: no lock. Setting a threading.Event there deadlocked when
+    # the signal came while the main thread held the Event's own lock on its way into wait() (a CI
+    # rehearsal's SIGTERM right after the last start-up line: the process never exited); the main
+    # thread polls instead, and time.sleep returns early for a signal.
+    stopping: list[int] = []
 
     def _stop(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        done.set()
+        stopping.append(signum)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if auth is not None:
         log.info("Prometheus credentials: %s", auth.describe())
-    done.wait()
+    while not stopping:
+        time.sleep(0.2)
+    log.info("signal %d: stopping", stopping[0])
     service.stop()
     server.stop(args.grace).wait()
     return 0
