@@ -213,13 +213,17 @@ class Rendered:
     replicas: int | None = None
 
 
-def pod_labels(name: str) -> dict[str, str]:
+def _component_labels(app: str, name: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "sluiceway-pod",
+        "app.kubernetes.io/name": app,
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/managed-by": "sluiceway-operator",
         INSTANCE_LABEL: name,
     }
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return _component_labels("sluiceway-pod", name)
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -233,12 +237,7 @@ def gateway_name(owner: Owner) -> str:
 def gateway_labels(name: str) -> dict[str, str]:
     """The gateway's children and pods: never the pods' ``app.kubernetes.io/name``, so neither the
     pods' Service nor their PDB selects a gateway pod."""
-    return {
-        "app.kubernetes.io/name": "sluiceway-gateway",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "sluiceway-operator",
-        INSTANCE_LABEL: name,
-    }
+    return _component_labels("sluiceway-gateway", name)
 
 
 def gateway_selector_labels(name: str) -> dict[str, str]:
