@@ -36,6 +36,11 @@ JSON = dict[str, Any]
 #: plus one API read. The kubelet takes up to its sync period (1 min) plus its cache TTL; the
 #: sandbox uses 10 s so that a key rotation test waits seconds, not minutes. ``--volume-sync-seconds``.
 VOLUME_SYNC_SECONDS = 10.0
+#: The kubelet's default ``terminationMessagePath`` and the most of it a status carries.
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX = 4096
+#: Log lines ``FallbackToLogsOnError`` takes (the kubelet: 80 lines, at most 2048 bytes).
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
 #: How long a projected ServiceAccount token is reused before a new one is requested (tokens are
 #: valid about an hour; the kubelet renews at 80% of their life).
 TOKEN_REFRESH_SECONDS = 600.0
@@ -43,6 +48,23 @@ TOKEN_REFRESH_SECONDS = 600.0
 
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def termination_message(spec: JSON, message_file: Path | None, log: Path, exit_code: int) -> str:
+    """What a container left at its ``terminationMessagePath`` (the file bound there, at most
+    :data:`TERMINATION_MESSAGE_MAX` bytes), or with ``FallbackToLogsOnError`` and a failure and an
+    empty file, the tail of its log: the kubelet's ``terminated.message``."""
+    text = ""
+    if message_file is not None:
+        with contextlib.suppress(OSError), open(message_file, "rb") as fh:
+            text = fh.read(TERMINATION_MESSAGE_MAX).decode(errors="replace")
+    if not text and exit_code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        with contextlib.suppress(OSError), open(log, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - FALLBACK_BYTES))
+            tail = fh.read().decode(errors="replace").splitlines()[-FALLBACK_LINES:]
+        text = "\n".join(tail)[-FALLBACK_BYTES:] if tail else ""
+    return text
 
 
 @dataclass
@@ -69,6 +91,9 @@ class Container:
     init: bool = False
     proc: subprocess.Popen[bytes] | None = None
     pid_file: Path | None = None
+    #: the file bound at ``terminationMessagePath`` (emptied at each start)
+    message_file: Path | None = None
+    log_file: Path | None = None
     started_at: str | None = None
     started_mono: float = 0.0
     restarts: int = 0
@@ -355,13 +380,21 @@ class PodWorker(threading.Thread):
             return
         assert self.netns is not None
         c.pid_file = self.dir / f"{c.name}.pid"
+        # the termination message: a file of this container's, bound at its path (as the kubelet
+        # does), read when it exits
+        c.message_file = self.dir / "termination" / c.name
+        c.message_file.parent.mkdir(parents=True, exist_ok=True)
+        c.message_file.write_bytes(b"")
+        path = str(c.spec.get("terminationMessagePath") or TERMINATION_LOG)
+        mounts = [*mounts, Mount(c.message_file, path, False)]
+        c.log_file = self.logs / f"{c.name}.log"
         c.proc = runtime.launch(
             self.netns,
             spec,
             mounts,
             hosts_file(self.ctx.layout, self.ns),
             self.dir / "resolv.conf",
-            self.logs / f"{c.name}.log",
+            c.log_file,
             c.pid_file,
         )
         c.started_at = now_iso()
@@ -393,6 +426,10 @@ class PodWorker(threading.Thread):
             "finishedAt": now_iso(),
             "containerID": f"sandbox://{c.proc.pid}" if c.proc else "",
         }
+        if c.log_file is not None:
+            message = termination_message(c.spec, c.message_file, c.log_file, code)
+            if message:
+                c.terminated["message"] = message
         c.ready = False
         c.started = False
         c.proc = None
@@ -404,6 +441,9 @@ class PodWorker(threading.Thread):
         policy = self._snapshot()["spec"].get("restartPolicy", "Always")
         code = int((c.terminated or {}).get("exitCode", 1))
         failed = code != 0 or c.probe_killed
+        if c.init:
+            # an init container that finished is done; a failed one is retried unless Never
+            return failed and policy != "Never"
         return bool(policy == "Always" or (policy == "OnFailure" and failed))
 
     def _step(self, now: float) -> None:
@@ -432,6 +472,8 @@ class PodWorker(threading.Thread):
         if code is not None:
             self._exited(c, code)
             if self._restart_allowed(c):
+                # as the kubelet: the run that ended shows in lastState while the restart waits
+                c.last_terminated = c.terminated
                 delay = min(self.ctx.backoff_cap, 1.0 * 2 ** min(c.restarts, 6))
                 c.backoff_until = now + delay
                 c.waiting = ("CrashLoopBackOff", f"back-off {delay:.0f}s restarting failed container={c.name}")
