@@ -331,7 +331,11 @@ class Reconciler:
         current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) if deployment else None
         try:
             edge = self._edge_token(namespace, name, uid) if spec.gateway.enabled and env.quota_key is None else None
-            rendered = render(owner, spec, hashes, env, replicas=current, salt=salt, edge_token=edge)
+            # the measured start phases (signals path), else those the status shows (a restarted
+            # operator): the gateway's hold.startupSeconds, reloaded in place, never a rollout
+            startup = st.startup if st.startup is not None else (body.get("status") or {}).get("startup")
+            measured = startup if isinstance(startup, Mapping) else None
+            rendered = render(owner, spec, hashes, env, replicas=current, salt=salt, edge_token=edge, startup=measured)
         except SpecError as err:
             return outcome(spec, ("InvalidConfig", str(err)), previous_hash)
 

@@ -971,7 +971,8 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
     (without it, KEDA uses the interval only for scaling from and to zero, and its admission webhook
     warns that it is not relevant: kedacore/keda#7271). The HPA still acts once per its sync period
     (kube-controller-manager ``--horizontal-pod-autoscaler-sync-period``, 15 s by default).
-    ``cooldownPeriod`` matters only for ``minReplicaCount: 0``, which the CRD refuses: not rendered.
+    ``cooldownPeriod`` matters only for ``minReplicaCount: 0`` (KEDA's 1 -> 0 after that long since the
+    scaler last answered active): ``autoscaling.scaleToZeroAfter`` then, not rendered otherwise.
     """
     a = spec.autoscaling
     wait_target = parse_duration(a.target_wait_p95)
@@ -1012,7 +1013,7 @@ def build_scaled_object(owner: Owner, spec: InferenceServiceSpec, env: Environme
         },
     }
     if a.min_replicas == 0:  # only then does KEDA's cooldown decide anything
-        so_spec["cooldownPeriod"] = _seconds(a.scale_down.stabilization_window)
+        so_spec["cooldownPeriod"] = _seconds(a.scale_to_zero_after)
     if a.engine == "keda":
         metadata: dict[str, str] = {
             "scalerAddress": a.scaler_address or env.scaler_address,
@@ -1146,13 +1147,32 @@ GATEWAY_KINDS = (
 )
 
 
-def build_gateway_config(owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig) -> dict[str, Any]:
+def gateway_startup_seconds(spec: InferenceServiceSpec, startup: Mapping[str, Any] | None) -> float | None:
+    """The gateway's ``hold.startupSeconds``: the measured ``status.startup.totalSeconds`` (the sum of
+    the phases of the current revision's last start), rounded up to a whole second so that a new
+    measurement a few milliseconds off does not rewrite the ConfigMap; until one is measured,
+    ``spec.gateway.startupEstimate``; else None (no prediction). Within the gateway's (0, 3600]."""
+    total = (startup or {}).get("totalSeconds")
+    if isinstance(total, (int, float)) and not isinstance(total, bool) and math.isfinite(total) and total >= 0:
+        return float(min(3600, max(1, math.ceil(total))))
+    if spec.gateway.startup_estimate is not None:
+        return float(min(3600, max(1, math.ceil(parse_duration(spec.gateway.startup_estimate)))))
+    return None
+
+
+def build_gateway_config(
+    owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig, startup_seconds: float | None = None
+) -> dict[str, Any]:
     """The gateway's config file (``gateway/sluiceway_gateway/config.py``, camelCase): discovery
     through the EndpointSlices of the pods' Service (port ``http``), the spec's routing, and the
     pods' own ``tenants`` and ``priorities`` blocks, so that the gateway admits exactly as the pods
-    do (the same key-hash file, mounted at the same path) but for the whole service."""
+    do (the same key-hash file, mounted at the same path) but for the whole service; with
+    ``startup_seconds`` (:func:`gateway_startup_seconds`) the hold queue's start-up estimate
+    (``hold.startupSeconds``, which the gateway reloads in place: not in :func:`gateway_config_hash`)."""
     timeout = min(3600.0, parse_duration(spec.timeouts.request) + GATEWAY_TIMEOUT_SLACK_SECONDS)
+    hold = {} if startup_seconds is None else {"hold": {"startupSeconds": startup_seconds}}
     return {
+        **hold,
         "listen": {"host": "0.0.0.0", "port": HTTP_PORT, "metricsPort": METRICS_PORT},
         "watch": {"namespace": owner.namespace, "service": owner.name, "portName": "http"},
         "routing": spec.gateway.routing,
@@ -1221,11 +1241,20 @@ def gateway_config_hash(config_yaml: str) -> str:
     data = yaml.safe_load(config_yaml) or {}
     tenants = data.pop("tenants", None) or {}
     data["tenants"] = {"keysFile": tenants.get("keysFile")}
+    hold = data.pop("hold", None) or {}
+    hold.pop("startupSeconds", None)  # reloaded in place: a new start-up measurement rolls nothing
+    if hold:
+        data["hold"] = hold
     return config_hash(yaml.safe_dump(data, sort_keys=True), "")
 
 
 def build_gateway_children(
-    owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig, keys: str, env: Environment
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    cfg: PodConfig,
+    keys: str,
+    env: Environment,
+    startup_seconds: float | None = None,
 ) -> list[dict[str, Any]]:
     """The gateway's children in apply order (:data:`GATEWAY_KINDS`).
 
@@ -1239,7 +1268,7 @@ def build_gateway_children(
     labels = gateway_labels(owner.name)
     selector = gateway_selector_labels(owner.name)
     g = spec.gateway
-    config_yaml = yaml.safe_dump(build_gateway_config(owner, spec, cfg), sort_keys=True)
+    config_yaml = yaml.safe_dump(build_gateway_config(owner, spec, cfg, startup_seconds), sort_keys=True)
     log_format = spec.observability.log_format or env.pod_log_format
     container: dict[str, Any] = {
         "name": "sluiceway-gateway",
@@ -1374,6 +1403,7 @@ def render(
     replicas: int | None = None,
     salt: bytes | None = None,
     edge_token: str | None = None,
+    startup: Mapping[str, Any] | None = None,
 ) -> Rendered:
     """All children, in apply order (config first, Deployment after what it mounts).
 
@@ -1386,6 +1416,10 @@ def render(
     With the gateway, the edge token is :func:`derive_edge_token` of ``env.quota_key`` when the
     operator has one, else ``edge_token`` (the caller's: the one kept in the ``<name>-edge`` Secret,
     or a fresh random one); neither is a :class:`SpecError`.
+
+    ``startup`` is the object's ``status.startup`` (the measured start phases): the gateway's
+    ``hold.startupSeconds`` (:func:`gateway_startup_seconds`); a new one changes only the gateway's
+    ConfigMap, which the gateway reloads in place.
     """
     cfg = build_pod_config(owner, spec, env)
     edge: str | None = None
@@ -1416,7 +1450,7 @@ def render(
     ]
     absent: list[tuple[str, str, str]] = []
     if spec.gateway.enabled:
-        manifests.extend(build_gateway_children(owner, spec, cfg, keys, env))
+        manifests.extend(build_gateway_children(owner, spec, cfg, keys, env, gateway_startup_seconds(spec, startup)))
     else:
         absent.extend((api, kind, gateway_name(owner)) for api, kind in GATEWAY_KINDS)
         absent.append(("v1", "Service", gateway_metrics_service_name(owner)))

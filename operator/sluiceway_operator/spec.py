@@ -438,6 +438,9 @@ class AutoscalingSpec(_Model):
     engine: Literal["keda", "prometheus", "builtin", "none"] = "keda"
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=4, ge=1)
+    #: With ``minReplicas: 0``: idle time before the last pod goes (KEDA's ``cooldownPeriod``; its
+    #: default, 300 s, is this default too).
+    scale_to_zero_after: Duration = "5m"
     target_queue_depth_per_replica: int = Field(default=8, ge=1)
     target_wait_p95: Duration = "2s"
     prometheus_address: str | None = None
@@ -523,6 +526,8 @@ class GatewaySpec(_Model):
     enabled: bool = False
     replicas: int = Field(default=1, ge=1, le=32)
     routing: GatewayRouting = "leastWait"
+    #: The gateway's ``hold.startupSeconds`` until ``status.startup`` has a measurement.
+    startup_estimate: Duration | None = None
     resources: GatewayResourcesSpec = Field(default_factory=GatewayResourcesSpec)
     #: A NetworkPolicy ``<name>``: the pods' inference port admits only this service's gateway pods.
     network_policy: bool = True
@@ -782,11 +787,22 @@ class InferenceServiceSpec(_Model):
         if not 0 < parse_duration(c.adaptive_interval) <= 3600:
             raise ValueError("concurrency.adaptiveInterval must be within (0, 1h]")
         a = self.autoscaling
-        if a.min_replicas < 1:
+        if a.min_replicas < 1 and not self.gateway.enabled:
             raise ValueError(
-                "autoscaling.minReplicas must be at least 1: scale to zero needs a component that holds "
-                "requests while no pod exists, which sluiceway does not have yet"
+                "autoscaling.minReplicas 0 needs gateway.enabled: true: while no pod exists only the gateway "
+                "holds requests (and wakes the scaler); without it they would be refused or lost"
             )
+        if a.min_replicas < 1 and a.engine != "keda":
+            raise ValueError(
+                "autoscaling.minReplicas 0 needs engine keda: only the sluiceway scaler wakes a service at zero "
+                "from the gateway's held requests (StreamIsActive); engine builtin cannot scale from zero, engine "
+                "prometheus reads the pods' queues, which do not exist at zero, and engine none uses spec.replicas"
+            )
+        if not 1 <= parse_duration(a.scale_to_zero_after) <= 86_400:
+            raise ValueError("autoscaling.scaleToZeroAfter must be within [1s, 24h]")
+        estimate = self.gateway.startup_estimate
+        if estimate is not None and not 1 <= parse_duration(estimate) <= 3600:
+            raise ValueError("gateway.startupEstimate must be within [1s, 1h]")
         if a.min_replicas > a.max_replicas:
             raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
         down_window = parse_duration(a.scale_down.stabilization_window)
@@ -839,6 +855,8 @@ class InferenceServiceSpec(_Model):
             ("autoscaling.scaleDown.stabilizationWindow", a.scale_down.stabilization_window),
             ("autoscaling.scaleDown.period", a.scale_down.period),
             ("autoscaling.scaleDown.releaseWindow", a.scale_down.release_window),
+            ("autoscaling.scaleToZeroAfter", a.scale_to_zero_after),
+            *([("gateway.startupEstimate", self.gateway.startup_estimate)] if self.gateway.startup_estimate else []),
             ("monitoring.interval", self.monitoring.interval),
         ]
 

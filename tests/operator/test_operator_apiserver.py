@@ -28,7 +28,7 @@ from kubetools import (
 from operator_support import case_names, load_case, load_crd
 from sluiceway_core.keys import hash_key, parse_keys_text
 from sluiceway_operator.kube import ApiError, Kube
-from sluiceway_operator.render import Owner, build_pod_config
+from sluiceway_operator.render import Environment, Owner, build_pod_config, build_scaled_object
 from sluiceway_operator.spec import parse_spec
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -184,8 +184,21 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         ({"autoscaling": {"scaleDown": {"releaseWindow": "20 min"}}}, "spec.autoscaling.scaleDown.releaseWindow"),
         ({"timeouts": {"queue": "1.5s"}}, "spec.timeouts.queue"),  # schema pattern: no floats
         ({"autoscaling": {"engine": "hpa"}}, "Unsupported value"),
-        # Scale to zero: nothing holds requests while no pod exists.
-        ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas must be at least 1: scale to zero"),
+        # Scale to zero (issue 20): only with the gateway, which holds requests while no pod exists,
+        # and only with the engine whose scaler wakes the service from them.
+        ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas 0 needs gateway.enabled: true"),
+        (
+            {"autoscaling": {"minReplicas": 0, "engine": "builtin"}, "gateway": {"enabled": True}},
+            "autoscaling.minReplicas 0 needs engine keda",
+        ),
+        (
+            {"autoscaling": {"minReplicas": 0, "engine": "prometheus"}, "gateway": {"enabled": True}},
+            "autoscaling.minReplicas 0 needs engine keda",
+        ),
+        ({"autoscaling": {"scaleToZeroAfter": "0s"}}, "autoscaling.scaleToZeroAfter must be within [1s, 24h]"),
+        ({"autoscaling": {"scaleToZeroAfter": "25h"}}, "autoscaling.scaleToZeroAfter must be within [1s, 24h]"),
+        ({"autoscaling": {"scaleToZeroAfter": "5 min"}}, "spec.autoscaling.scaleToZeroAfter"),
+        ({"gateway": {"startupEstimate": "2h"}}, "gateway.startupEstimate must be within [1s, 1h]"),
         # What the Deployment's own validation (or the pod) would refuse, refused up front.
         ({"model": {"image": "   ", "format": "demo", "source": "demo"}}, "spec.model.image"),
         ({"resources": {"memory": "-1Gi"}}, "spec.resources.memory"),
@@ -431,6 +444,34 @@ def test_release_window_off_or_longer_than_the_window_is_accepted(admin: Admin, 
         _path(), _isvc("release", autoscaling={"scaleDown": {"releaseWindow": release}}), dry_run=True
     )
     assert created["spec"]["autoscaling"]["scaleDown"]["releaseWindow"] == release
+
+
+def test_scale_to_zero_is_accepted_with_the_gateway_and_rendered(admin: Admin) -> None:
+    """Issue 20: minReplicas 0 with the gateway and engine keda passes the CRD; the stored spec (its
+    defaults applied: scaleToZeroAfter 5m) renders a ScaledObject the API server's model of it takes,
+    with KEDA's minReplicaCount 0 and cooldownPeriod from scaleToZeroAfter. Before, the CRD refused
+    every minReplicas 0 ("must be at least 1")."""
+    stored = admin.create(
+        _path(), _isvc("zero", autoscaling={"minReplicas": 0}, gateway={"enabled": True}), dry_run=True
+    )["spec"]
+    assert stored["autoscaling"]["scaleToZeroAfter"] == "5m"
+    spec = parse_spec(stored)
+    so = build_scaled_object(Owner("zero", NS, "u"), spec, Environment(keda=True, prometheus_url="http://p:9090"))
+    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["cooldownPeriod"] == 300
+    assert so["spec"]["triggers"][0]["metadata"]["minReplicas"] == "0"
+    custom = admin.create(
+        _path(),
+        _isvc(
+            "zero",
+            autoscaling={"minReplicas": 0, "scaleToZeroAfter": "90s"},
+            gateway={"enabled": True, "startupEstimate": "45s"},
+        ),
+        dry_run=True,
+    )["spec"]
+    assert custom["autoscaling"]["scaleToZeroAfter"] == "90s" and custom["gateway"]["startupEstimate"] == "45s"
+    spec = parse_spec(custom)
+    so = build_scaled_object(Owner("zero", NS, "u"), spec, Environment(keda=True, prometheus_url="http://p:9090"))
+    assert so["spec"]["cooldownPeriod"] == 90
 
 
 @pytest.mark.parametrize("case", case_names())

@@ -1015,3 +1015,48 @@ def test_keys_and_tenant_limits_do_not_roll_the_gateway_but_its_restart_settings
     assert gateway_hash({"tenants": tenants}) == base
     other = "random" if cr["spec"]["gateway"].get("routing") != "random" else "leastWait"
     assert gateway_hash({"gateway": {**cr["spec"]["gateway"], "routing": other}}) != base
+
+
+def _render_with_startup(name: str, startup: dict[str, Any] | None) -> Any:
+    cr = load_case(name)
+    spec = parse_spec(cr["spec"])
+    owner = Owner(cr["metadata"]["name"], cr["metadata"]["namespace"], f"uid-{name}")
+    hashes = {t.name: hash_key(TEST_KEYS[t.name], TEST_SALT) for t in spec.keyed_tenants}
+    return render(owner, spec, hashes, ENV, replicas=2, salt=TEST_SALT, edge_token=TEST_EDGE_TOKEN, startup=startup)
+
+
+def _gateway_startup(rendered: Any) -> float | None:
+    from sluiceway_gateway.config import GatewayConfig
+
+    cm = next(m for m in rendered.manifests if m["metadata"]["name"].endswith("-gateway") and m["kind"] == "ConfigMap")
+    return GatewayConfig.model_validate(yaml.safe_load(cm["data"]["gateway.yaml"])).hold.startup_seconds
+
+
+def test_scale_to_zero_renders_min_replica_count_zero_and_the_cooldown() -> None:
+    """Issue 20: ``minReplicas: 0`` is KEDA's ``minReplicaCount: 0`` and ``scaleToZeroAfter`` its
+    ``cooldownPeriod`` (before: the scale-down window, 300 s, whatever the spec said); the scaler's
+    trigger carries the same bounds; the fallback never asks for 0 pods."""
+    so = _by_kind(_render_case("scaletozero").manifests)["ScaledObject"]["spec"]
+    assert so["minReplicaCount"] == 0
+    assert so["cooldownPeriod"] == 600
+    md = so["triggers"][0]["metadata"]
+    assert (md["minReplicas"], md["maxReplicas"]) == ("0", "4")
+    assert so["fallback"]["replicas"] == 1
+
+
+def test_the_measured_start_up_is_the_gateways_estimate_and_a_new_one_rolls_nothing() -> None:
+    """``hold.startupSeconds`` is ``status.startup.totalSeconds`` (rounded up to a whole second), or
+    ``gateway.startupEstimate`` until one is measured, or absent. A new measurement changes the
+    gateway's ConfigMap only (which the gateway reloads in place): both Deployments, and so their
+    pods, stay byte for byte what they were."""
+    estimate = _render_with_startup("scaletozero", None)
+    measured = _render_with_startup("scaletozero", {"totalSeconds": 7.593, "phases": {"loaded": 7.0}})
+    later = _render_with_startup("scaletozero", {"totalSeconds": 31.2})
+    assert (_gateway_startup(estimate), _gateway_startup(measured), _gateway_startup(later)) == (40.0, 8.0, 32.0)
+    assert _gateway_startup(_render_with_startup("gateway", None)) is None  # no estimate, none measured
+    assert _gateway_startup(_render_with_startup("gateway", {"totalSeconds": 0.2})) == 1.0
+    for garbage in ({"totalSeconds": "soon"}, {"totalSeconds": float("nan")}, {"totalSeconds": True}, {}):
+        assert _gateway_startup(_render_with_startup("scaletozero", garbage)) == 40.0
+    for a, b in ((estimate, measured), (measured, later)):
+        changed = [(m["kind"], m["metadata"]["name"]) for m, n in zip(a.manifests, b.manifests, strict=True) if m != n]
+        assert changed == [("ConfigMap", "idle-gateway")]

@@ -163,7 +163,12 @@ def _inputs(*tensors: dict[str, Any]) -> dict[str, Any]:
         ({"model": {"image": "reg/img:1 ", "format": "synthetic", "source": "synthetic:1"}}, "model.image"),
         ({"model": {**BASE["model"], "fallback": {"source": "small-model"}}}, "not a model the pod can load"),
         ({"model": {"image": "i", "format": "torchscript", "source": "model.pt"}}, "does not match format"),
-        ({"autoscaling": {"minReplicas": 0}}, "minReplicas must be at least 1"),
+        ({"autoscaling": {"minReplicas": 0}}, "minReplicas 0 needs gateway.enabled: true"),
+        ({"autoscaling": {"minReplicas": 0, "engine": "builtin"}, "gateway": {"enabled": True}}, "needs engine keda"),
+        ({"autoscaling": {"minReplicas": 0, "engine": "none"}, "gateway": {"enabled": True}}, "needs engine keda"),
+        ({"autoscaling": {"scaleToZeroAfter": "0s"}}, "scaleToZeroAfter must be within"),
+        ({"autoscaling": {"scaleToZeroAfter": "soon"}}, "autoscaling.scaleToZeroAfter"),
+        ({"gateway": {"startupEstimate": "2h"}}, "startupEstimate must be within"),
         ({"priorities": {"classes": ["a" * 33], "default": "a" * 33}}, "priorities.classes"),
         (
             {
