@@ -117,6 +117,14 @@ class GatewayConfig(_Model):
         return self
 
 
+def with_startup_seconds(config: GatewayConfig, seconds: float | None) -> GatewayConfig:
+    """``config`` with another ``hold.startupSeconds`` (a reload: the operator renders the measured
+    start-up there, :mod:`~sluiceway_gateway.reload`); everything else unchanged. Raises ValueError
+    for a value ``HoldConfig`` refuses."""
+    hold = HoldConfig.model_validate({**config.hold.model_dump(), "startup_seconds": seconds})
+    return config.model_copy(update={"hold": hold})
+
+
 class GatewayConfigError(ValueError):
     """The configuration is invalid; ``str()`` names the bad field(s)."""
 

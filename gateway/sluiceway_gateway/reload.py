@@ -9,9 +9,12 @@ an old mtime) and, when the tenants or keys parsed from them differ from those i
 into the edge admission (:meth:`~sluiceway_gateway.admission.EdgeAdmission.replace`: each tenant's
 token bucket keeps its tokens, its outstanding count stays).
 
-What reloads: every field under ``tenants``. Everything else in the config file (and turning
-``tenants`` on or off) needs a restart: a change there is logged once, counted
-(``restart_required``) and not applied.
+What reloads: every field under ``tenants``, and ``hold.startupSeconds`` (the start-up estimate the
+operator renders from the pods' measured start phases, ``status.startup``: a new measurement must
+reach the gateway without a restart, so it is kept out of the gateway Deployment's config hash and
+applied here through ``apply_startup``). Everything else in the config file (and turning ``tenants``
+on or off) needs a restart: a change there is logged once, counted (``restart_required``) and not
+applied. Without ``tenants`` (``current``/``apply`` None) only the start-up estimate reloads.
 
 Failures never crash and never half-apply: a file missing, unreadable, over :data:`MAX_FILE_BYTES`
 (Kubernetes' own limit for a ConfigMap or Secret), not UTF-8, not YAML/JSON, not a valid gateway
@@ -47,6 +50,7 @@ log = logging.getLogger("sluiceway.gateway.reload")
 
 Current = Callable[[], tuple[TenantsConfig, KeyFile]]
 Apply = Callable[[TenantsConfig, KeyFile], None]
+ApplyStartup = Callable[[float | None], None]
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,15 @@ def read_tenant_files(config_file: str, overrides: Mapping[str, Any], limit: int
     return TenantFiles(h.hexdigest(), config, keys)
 
 
+#: What reloads in place besides ``tenants``: the ``hold`` section's fields named here.
+RELOADED_HOLD_FIELDS = frozenset({"startup_seconds"})
+
+
 def outside_tenants(running: GatewayConfig, new: GatewayConfig) -> list[str]:
-    """Top-level sections that need a restart and differ: all but ``tenants``, and ``tenants`` too
-    when it is turned on or off."""
-    a = running.model_dump(exclude={"tenants"})
-    b = new.model_dump(exclude={"tenants"})
+    """Top-level sections that need a restart and differ: all but ``tenants`` and
+    ``hold.startupSeconds``, and ``tenants`` too when it is turned on or off."""
+    a = running.model_dump(exclude={"tenants": True, "hold": set(RELOADED_HOLD_FIELDS)})
+    b = new.model_dump(exclude={"tenants": True, "hold": set(RELOADED_HOLD_FIELDS)})
     out = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     if (running.tenants is None) != (new.tenants is None):
         out.append("tenants (turned on or off)")
@@ -93,18 +101,20 @@ def outside_tenants(running: GatewayConfig, new: GatewayConfig) -> list[str]:
 
 
 class TenantReloader:
-    """Polls the files and swaps tenants and keys in when they change. ``result(name)`` is called
-    once per outcome worth counting: ``applied``, ``rejected``, ``restart_required``; ``failing``
-    with True while the files on disk are rejected, False once they are good again."""
+    """Polls the files and swaps tenants and keys in when they change, and the start-up estimate
+    (``apply_startup``, when given). ``result(name)`` is called once per outcome worth counting:
+    ``applied``, ``rejected``, ``restart_required``; ``failing`` with True while the files on disk are
+    rejected, False once they are good again. ``current``/``apply`` None: no tenants to reload."""
 
     def __init__(
         self,
         config_file: str,
         overrides: Mapping[str, Any],
         running: GatewayConfig,
-        current: Current,
-        apply: Apply,
+        current: Current | None,
+        apply: Apply | None,
         *,
+        apply_startup: ApplyStartup | None = None,
         clock: Callable[[], float],
         period: float,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -117,6 +127,8 @@ class TenantReloader:
         self.running = running
         self._current = current
         self._apply = apply
+        self._apply_startup = apply_startup
+        self._startup = running.hold.startup_seconds  # the estimate in force
         self.clock = clock
         self.period = period
         self._sleep = sleep
@@ -144,17 +156,28 @@ class TenantReloader:
             self._result("restart_required")
         self._warned = outside
         tenants = files.config.tenants
-        if tenants is None or self.running.tenants is None or (tenants, files.keys) == self._current():
+        startup = files.config.hold.startup_seconds
+        new_tenants = (tenants is not None and self.running.tenants is not None and self._current is not None
+                       and self._apply is not None and (tenants, files.keys) != self._current())
+        new_startup = self._apply_startup is not None and startup != self._startup
+        if not (new_tenants or new_startup):
             self._seen = files.digest
             return "unchanged"
-        try:
-            self._apply(tenants, files.keys)
-        except ValueError as e:
-            return self._reject(f"tenants: {e}", files.digest)
+        if new_tenants:
+            assert tenants is not None and self._apply is not None
+            try:
+                self._apply(tenants, files.keys)
+            except ValueError as e:
+                return self._reject(f"tenants: {e}", files.digest)
+            log.info("reloaded tenants: %d listed, %d keys, anonymous %s", len(tenants.tenants),
+                     len(files.keys.entries), "on" if tenants.anonymous_allowed else "off")
+        if new_startup:
+            assert self._apply_startup is not None
+            self._apply_startup(startup)  # a validated HoldConfig value: cannot be refused
+            log.info("reloaded hold.startupSeconds: %s -> %s", self._startup, startup)
+            self._startup = startup
         self._seen = files.digest
         self.applied += 1
-        log.info("reloaded tenants: %d listed, %d keys, anonymous %s", len(tenants.tenants),
-                 len(files.keys.entries), "on" if tenants.anonymous_allowed else "off")
         self._result("applied")
         return "applied"
 
