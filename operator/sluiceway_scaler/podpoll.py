@@ -35,10 +35,15 @@ class PodActivity:
     in_use: float
     enqueued: float
     pods_read: int
+    #: pods that answered and have not been ready yet (loading: a pod's ``sluiceway_ready`` exists from
+    #: its start, its ``sluiceway_start_phase_seconds{phase="ready"}`` only once it was ready, so a
+    #: draining pod, ready before, does not count)
+    starting: int = 0
 
     def active_since(self, previous: PodActivity | None) -> bool:
-        """Anything queued or running now, or any request enqueued since ``previous``."""
-        if self.queue_depth > 0 or self.in_use > 0:
+        """Anything queued or running now, a pod still starting, or any request enqueued since
+        ``previous``."""
+        if self.queue_depth > 0 or self.in_use > 0 or self.starting > 0:
             return True
         return previous is not None and self.enqueued > previous.enqueued
 
@@ -49,15 +54,22 @@ _ENQUEUED = (m.ENQUEUED, m.GATEWAY_HOLD_REFUSED)
 _WANTED = (*_QUEUED, m.CONCURRENCY_IN_USE, *_ENQUEUED, m.GATEWAY_REFUSED)
 
 
-def _read(url: str, timeout: float) -> tuple[float, float, float]:
-    """Raises FetchError, or ValueError for an answer that is not usable exposition text."""
+def _read(url: str, timeout: float) -> tuple[float, float, float, bool]:
+    """``(queued, in use, enqueued, starting)``. Raises FetchError, or ValueError for an answer that
+    is not usable exposition text. Starting: a pod's answer (it has ``sluiceway_ready``; a gateway's
+    has not) without the ``ready`` start phase."""
     status, body = http_get(url, timeout, _MAX_BYTES)
     if status != 200:
         raise ValueError(f"HTTP {status}")
     sums = dict.fromkeys(_WANTED, 0.0)
+    pod = was_ready = False
     for fam in text_string_to_metric_families(body.decode("utf-8", "replace")):
         for s in fam.samples:
             name = s.name
+            if name == m.READY:
+                pod = True
+            elif name == m.START_PHASE_SECONDS and s.labels.get("phase") == "ready":
+                was_ready = True
             if name == m.GATEWAY_REFUSED and s.labels.get("reason") not in m.GATEWAY_WANT_OF_POD_REASONS:
                 continue
             if name in sums:
@@ -66,17 +78,17 @@ def _read(url: str, timeout: float) -> tuple[float, float, float]:
                 sums[name] += s.value
     queued = sum(sums[n] for n in _QUEUED)
     enqueued = sum(sums[n] for n in _ENQUEUED) + sums[m.GATEWAY_REFUSED]
-    return queued, sums[m.CONCURRENCY_IN_USE], enqueued
+    return queued, sums[m.CONCURRENCY_IN_USE], enqueued, pod and not was_ready
 
 
 def poll_pods(
     urls: tuple[str, ...], timeout: float, metrics: ScalerMetrics | None = None
 ) -> PodActivity | None:
     depth = in_use = enqueued = 0.0
-    n = 0
+    n = starting = 0
     for url in urls:
         try:
-            d, u, e = _read(url, timeout)
+            d, u, e, loading = _read(url, timeout)
         except (FetchError, ValueError, TypeError, IndexError):
             if metrics is not None:
                 metrics.pod_polls.labels("error").inc()
@@ -84,6 +96,7 @@ def poll_pods(
         if metrics is not None:
             metrics.pod_polls.labels("ok").inc()
         depth, in_use, enqueued, n = depth + d, in_use + u, enqueued + e, n + 1
+        starting += int(loading)
     if n == 0:
         return None
-    return PodActivity(depth, in_use, enqueued, n)
+    return PodActivity(depth, in_use, enqueued, n, starting)

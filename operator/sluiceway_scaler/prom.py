@@ -30,16 +30,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sluiceway_core import metric_names as m
 from sluiceway_core.policy import Signals
 from sluiceway_core.promauth import PromAuth
 from sluiceway_core.promclient import MAX_ANSWER_BYTES, PromError, PromGarbage, instant_query
-from sluiceway_core.signals import Queries
+from sluiceway_core.signals import Queries, selector
 from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
 from sluiceway_scaler.metrics import ScalerMetrics
 
-__all__ = ["MAX_ANSWER_BYTES", "PrometheusSource", "Queries", "ServiceStats"]
+__all__ = ["MAX_ANSWER_BYTES", "Busy", "PrometheusSource", "Queries", "ServiceStats", "was_ready_query"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,28 @@ class ServiceStats:
     service_time: float | None
     concurrency: int | None
     pods: int | None
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What keeps a service that looks idle from deactivating (issue 20: never scale to zero while a
+    request is in a pod or a pod is still starting), read only when the activation's other signals
+    say idle."""
+
+    #: requests running or queued in the pods now (``Queries.requests_in_pods``: the pods'
+    #: ``sluiceway_concurrency_in_use`` plus ``sluiceway_queue_depth``); 0 when no pod reports
+    in_pods: float
+    #: pods scraped and up that have never been ready: ``sum(up == 1)`` of the pods' targets less
+    #: the pods with a ``sluiceway_start_phase_seconds{phase="ready"}`` series (:func:`was_ready_query`;
+    #: a pod exports it once ready and keeps it while it drains, so a draining pod is not starting)
+    starting: int
+
+
+def was_ready_query(namespace: str, inference_service: str) -> str:
+    """The pods of the service that have been ready since their process started: each exports its
+    ``ready`` start phase from then on (``sluiceway_pod.startphases``), also while draining.
+    (To move into ``sluiceway_core.signals.Queries`` with the other PromQL.)"""
+    return f'count({m.START_PHASE_SECONDS}{{{selector(namespace, inference_service)},phase="ready"}})'
 
 
 class PrometheusSource:
@@ -160,6 +183,19 @@ class PrometheusSource:
             ),
             up,
         )
+
+    def read_busy(self, address: str, queries: Queries, was_ready: str, timeout: float) -> Busy:
+        """Requests in the pods and pods still starting (:class:`Busy`). An empty answer counts as
+        0 (no pod reports); raises :class:`SourceUnavailable` (or :class:`SourceGarbage`) when
+        Prometheus cannot be read or answers a value that is not a finite count, which the caller
+        treats as unknown (never a deactivation)."""
+        in_pods = self.scalar(address, queries.requests_in_pods, timeout) if queries.requests_in_pods else None
+        up = self.scalar(address, queries.pods_up, timeout)
+        ready = self.scalar(address, was_ready, timeout)
+        for name, x in (("requests in the pods", in_pods), ("pods up", up), ("pods ready once", ready)):
+            if x is not None and not (math.isfinite(x) and x >= 0):
+                raise SourceGarbage(f"Prometheus at {address}: {name} is {x}")
+        return Busy(in_pods=in_pods or 0.0, starting=max(0, int(up or 0) - int(ready or 0)))
 
     def read_stats(self, address: str, queries: Queries, timeout: float) -> ServiceStats:
         """For the planner. Raises :class:`SourceUnavailable` when Prometheus cannot be read."""

@@ -74,6 +74,7 @@ from sluiceway_scaler.errors import (
     NoDecisionYet,
     Overloaded,
     ScalerError,
+    SourceUnavailable,
     UnknownMetric,
     grpc_code,
     reason_of,
@@ -81,7 +82,7 @@ from sluiceway_scaler.errors import (
 from sluiceway_scaler.metadata import TriggerConfig, parse_metadata
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.podpoll import PodActivity, poll_pods
-from sluiceway_scaler.prom import PrometheusSource
+from sluiceway_scaler.prom import Busy, PrometheusSource, was_ready_query
 
 __all__ = [
     "FORGET_AFTER",
@@ -151,6 +152,9 @@ class _Entry:
     #: the last request cost and permits the pods reported: the hold term sizes with them at zero
     cost: float | None = None
     permits: int | None = None
+    #: requests in the pods and pods starting (read only when the rest says idle), and when
+    busy: Busy | None = None
+    busy_at: float = 0.0
 
 
 def _strip_index(name: str) -> str:
@@ -369,12 +373,32 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             log.info("%s: %d -> %d (%s)", name, current, decision.replicas, decision.reason)
         return decision
 
+    def _busy(self, cfg: TriggerConfig, entry: _Entry) -> Busy | None:
+        """Requests in the pods and pods still starting, from Prometheus (at most ``signal_ttl`` old);
+        ``None`` when it cannot be read."""
+        with entry.fetch:
+            if entry.busy is not None and self._clock() - entry.busy_at < self._ttl:
+                return entry.busy
+            queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
+            was_ready = was_ready_query(cfg.namespace, cfg.inference_service)
+            try:
+                busy = self._source.read_busy(cfg.prometheus_address, queries, was_ready, cfg.query_timeout)
+            except SourceUnavailable as e:
+                log.warning("prometheus read failed: %s", e.message)
+                return None
+            entry.busy, entry.busy_at = busy, self._clock()
+            return busy
+
     def activity(
         self, cfg: TriggerConfig, entry: _Entry, previous: PodActivity | None
     ) -> tuple[bool | None, PodActivity | None]:
         """Whether there is demand: ``None`` when unknown. Direct pod poll if configured (with the
         gateway's hold queue from Prometheus when the pods show none), else the trigger's (shared)
-        Prometheus signals (:func:`_active`)."""
+        Prometheus signals (:func:`_active`). Never ``False`` (which lets KEDA go to zero after
+        ``cooldownPeriod``) while a request is held at the gateway, queued or running in a pod, or a
+        pod is still starting: before answering ``False`` from Prometheus the scaler reads the
+        requests in the pods and the pods not ready yet (:class:`~sluiceway_scaler.prom.Busy`; an
+        unreadable answer is unknown); the pod poll sees them in the pods' own ``/metrics``."""
         if cfg.pod_metrics_urls:
             now = poll_pods(cfg.pod_metrics_urls, cfg.query_timeout, self._metrics)
             polled = None if now is None else now.active_since(previous)
@@ -385,7 +409,14 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     polled = True
             return polled, (previous if now is None else now)
         signals, _ = self._signals(cfg, entry)
-        return _active(signals), None
+        active = _active(signals)
+        if active is False:
+            busy = self._busy(cfg, entry)
+            if busy is None:
+                return None, None
+            if busy.in_pods > 0 or busy.starting > 0:
+                return True, None
+        return active, None
 
     # --- RPCs -------------------------------------------------------------------------------
     def IsActive(self, request: Any, context: grpc.ServicerContext) -> Any:

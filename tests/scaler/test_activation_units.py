@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 from fakeprom import FakePrometheus
-from scaler_support import ref, start_scaler
+from scaler_support import FakeClock, ref, start_scaler
 from sluiceway_scaler.podpoll import poll_pods
+from sluiceway_scaler.service import SIGNAL_TTL
 
-IDLE_POD = {"sluiceway_queue_depth": 0.0, "up{": 1.0, "sluiceway_enqueued_total": 0.0}
+#: one pod up, idle and ready since its start (its ``ready`` start phase, which a loading pod lacks)
+IDLE_POD = {"sluiceway_queue_depth": 0.0, "up{": 1.0, "sluiceway_enqueued_total": 0.0,
+            "sluiceway_start_phase_seconds": 1.0}
 
 
 def md(prom: FakePrometheus, **extra: str) -> dict[str, str]:
@@ -142,3 +145,86 @@ def test_back_from_zero_the_hold_term_sizes_with_the_last_cost_and_permits_seen(
             assert s.stub.GetMetrics(req, timeout=5).metricValues[0].metricValueFloat == 1.0
     finally:
         prom.close()
+
+
+# --- issue 20: never deactivate while a request is in a pod or a pod is still starting ---------------
+# Each failed before the change: the first answer was ``false`` (queue 0, no arrival in the rate
+# window, nothing held), which lets KEDA scale to zero after its cooldownPeriod.
+
+
+def test_a_request_running_in_a_pod_keeps_the_service_active_with_no_queue_and_no_arrivals() -> None:
+    """A long inference admitted before the rate window: queue 0, arrivals 0, nothing held, but one
+    request runs (``sluiceway_concurrency_in_use``, read as ``Queries.requests_in_pods``)."""
+    prom = FakePrometheus({"sluiceway_concurrency_in_use": 1.0, **IDLE_POD})
+    clock = FakeClock()
+    try:
+        with start_scaler(prometheus=(prom.url,), clock=clock) as s:
+            assert s.stub.IsActive(ref(**md(prom)), timeout=5).result is True
+            assert any("sluiceway_concurrency_in_use" in q for q in prom.queries)
+            prom.values["sluiceway_concurrency_in_use"] = 0.0
+            clock.advance(SIGNAL_TTL)
+            assert s.stub.IsActive(ref(**md(prom)), timeout=5).result is False  # the control: idle
+    finally:
+        prom.close()
+
+
+def test_a_pod_still_loading_keeps_the_service_active_and_a_draining_one_does_not() -> None:
+    """One pod up (scraped: its metrics port answers while the model loads) without its ``ready``
+    start phase: it is starting. A pod that was ready exports that phase and keeps it while it
+    drains, so the pod going away at scale-down does not wake the service again."""
+    loading = {k: v for k, v in IDLE_POD.items() if k != "sluiceway_start_phase_seconds"}
+    prom = FakePrometheus(loading)
+    try:
+        with start_scaler(prometheus=(prom.url,)) as s:
+            stream = s.stub.StreamIsActive(ref(**md(prom)), timeout=8)
+            assert next(stream).result is True
+            assert any('sluiceway_start_phase_seconds{' in q and 'phase="ready"' in q for q in prom.queries)
+            prom.values["sluiceway_start_phase_seconds"] = 1.0  # ready (and later draining): not starting
+            assert next(stream).result is False
+            stream.cancel()
+    finally:
+        prom.close()
+
+
+def test_an_unreadable_busy_reading_never_deactivates() -> None:
+    prom = FakePrometheus({"sluiceway_concurrency_in_use": 1.0, **IDLE_POD})
+    clock = FakeClock()
+    try:
+        with start_scaler(prometheus=(prom.url,), clock=clock) as s:
+            assert s.stub.IsActive(ref(**md(prom)), timeout=5).result is True
+            prom.values["sluiceway_concurrency_in_use"] = float("nan")  # garbage: unknown
+            clock.advance(SIGNAL_TTL)
+            assert s.stub.IsActive(ref(**md(prom)), timeout=5).result is True
+    finally:
+        prom.close()
+
+
+def _pod(ready: float, phase_ready: bool, in_use: float = 0.0) -> bytes:
+    text = (
+        "# TYPE sluiceway_ready gauge\n"
+        f'sluiceway_ready{{model="m"}} {ready}\n'
+        "# TYPE sluiceway_concurrency_in_use gauge\n"
+        f'sluiceway_concurrency_in_use{{model="m"}} {in_use}\n'
+        "# TYPE sluiceway_queue_depth gauge\n"
+        'sluiceway_queue_depth{model="m"} 0\n'
+        "# TYPE sluiceway_start_phase_seconds gauge\n"
+        'sluiceway_start_phase_seconds{model="m",phase="loaded"} 3.5\n'
+    )
+    if phase_ready:
+        text += 'sluiceway_start_phase_seconds{model="m",phase="ready"} 0.1\n'
+    return text.encode()
+
+
+def test_the_pod_poll_sees_a_pod_still_loading_but_not_a_draining_or_a_gateway_one(
+    gateway_metrics: tuple[str, type[_Text]],
+) -> None:
+    url, text = gateway_metrics
+    text.body = _pod(0, phase_ready=False)  # loading: its metrics port answers, not ready yet
+    loading = poll_pods((url,), 2.0)
+    assert loading is not None and loading.starting == 1 and loading.active_since(None)
+    text.body = _pod(1, phase_ready=True)  # ready and idle
+    assert not poll_pods((url,), 2.0).active_since(loading)  # type: ignore[union-attr]
+    text.body = _pod(0, phase_ready=True)  # draining (ready before): not starting
+    assert not poll_pods((url,), 2.0).active_since(loading)  # type: ignore[union-attr]
+    text.body = _gateway(0, 0, 0, 0)  # a gateway exports no sluiceway_ready: never "starting"
+    assert not poll_pods((url,), 2.0).active_since(loading)  # type: ignore[union-attr]
