@@ -1030,6 +1030,40 @@ def test_pod_template_secrets_need_consent_and_the_children_pass_the_api_server(
 # ----------------------------------------------------------------------- key rotation, no restart
 
 
+def test_a_measured_start_up_reaches_the_gateway_config_without_a_rollout(admin: Admin, operator_process: Path) -> None:
+    """Issue 20: with the gateway, ``status.startup.totalSeconds`` (written here as the signals path
+    writes it after measuring a pod's start) becomes the gateway's ``hold.startupSeconds`` in its
+    ConfigMap, replacing ``gateway.startupEstimate``, on the operator's next spec pass; neither the
+    gateway's Deployment nor the pods' changes template (same hashes, the same two ReplicaSets, with
+    the real controller-manager): the gateway reloads the value in place."""
+    name = "coldstart"
+    gateway = {"enabled": True, "startupEstimate": "40s"}
+    admin.create(_path(), _isvc(name, autoscaling={"minReplicas": 0, "maxReplicas": 2}, gateway=gateway))
+    cm_path = f"/api/v1/namespaces/{NS}/configmaps/{name}-gateway"
+
+    def startup() -> Any:
+        cm = admin.get(cm_path)
+        return cm and (yaml.safe_load(cm["data"]["gateway.yaml"]).get("hold") or {}).get("startupSeconds")
+
+    def gateway_hash() -> str:
+        dep = admin.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}-gateway")
+        return str(dep["spec"]["template"]["metadata"]["annotations"]["sluiceway.io/config-hash"])
+
+    assert wait_for(startup, 60, what="the gateway's ConfigMap") == 40.0
+    wait_for(lambda: len(_replicasets(admin, name)) == 2, 60, what="the pods' and the gateway's ReplicaSets")
+    replicasets = sorted(rs["metadata"]["name"] for rs in _replicasets(admin, name))
+    hashes = (_hash(admin, name), gateway_hash())
+    wait_for(lambda: (admin.get(_path(name)).get("status") or {}).get("conditions"), 30, what="a status")
+    measured = {"pod": f"{name}-6d4f8b7c9-x2x2x", "totalSeconds": 7.593, "phases": {"scheduled": 7.0, "loaded": 0.593}}
+    admin.call("PATCH", _path(name) + "/status", body=[{"op": "add", "path": "/status/startup", "value": measured}])
+    assert wait_for(lambda: startup() == 8.0, 30, what="the measured start-up in the ConfigMap")
+    time.sleep(5)  # drift ticks (2 s) and the controller-manager: a rollout would show by now
+    assert (_hash(admin, name), gateway_hash()) == hashes
+    assert sorted(rs["metadata"]["name"] for rs in _replicasets(admin, name)) == replicasets
+    print(f"\nstartupSeconds 40 (estimate) -> {startup()} (measured 7.593 s); ReplicaSets unchanged: {replicasets}")
+    admin.call("DELETE", _path(name))
+
+
 def test_key_rotation_and_rate_change_update_in_place_without_a_rollout(admin: Admin, operator_process: Path) -> None:
     """Issue 22 §3: a rotated tenant key reaches the pods' key file (the <name>-keys Secret) and a
     changed rate their ConfigMap, while the pod template's hash and ReplicaSet stay (no GPU pod
