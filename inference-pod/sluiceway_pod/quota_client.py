@@ -30,7 +30,10 @@ never ends the task; expiry is checked whatever happened. When the lease runs ou
 the pod falls back to ``quota / replicas`` with the replica count of its last lease
 (``quota.assumedReplicas`` before the first one), logs one warning and sets
 ``sluiceway_quota_fallback`` to 1. Traffic never stops and a quota is never multiplied by the
-replica count.
+replica count. From then (and from the start) until the first *settled* grant, each burst granted is
+at least the fallback burst (:meth:`QuotaClient._floored`): a pod whose lease lapsed at the
+coordinator too finds its part taken by the others and would otherwise come back with less than it
+enforced without the coordinator.
 """
 
 from __future__ import annotations
@@ -49,7 +52,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluiceway_core.config import QuotaConfig
-from sluiceway_core.quota import LEASE_PATH, LeaseGrant, LeaseRequest, QuotaError, TenantDemand, TenantShare
+from sluiceway_core.quota import (
+    LEASE_PATH,
+    LeaseGrant,
+    LeaseRequest,
+    QuotaError,
+    TenantDemand,
+    TenantShare,
+    fallback_share,
+)
 
 from .admission import AdmissionCore
 from .clock import Clock
@@ -143,6 +154,9 @@ class QuotaClient:
         self.replicas = cfg.assumed_replicas
         self.failures = 0
         self.settled = False  # a settled grant seen (LeaseGrant.settled): see ready_to_serve
+        #: on the fallback share (or not started) and no settled grant since: the bursts granted are
+        #: floored at the fallback burst (:meth:`_floored`)
+        self._from_fallback = True
         self._shares: Mapping[str, TenantShare] = {}  # of the lease in force (valid_until)
         self._logged: set[str] = set()  # kinds of failure logged since the last good renewal
         self._startup_announced = False
@@ -270,10 +284,30 @@ class QuotaClient:
         self.replicas = grant.replicas
         self.fallback = False
         self.settled = self.settled or grant.settled
-        self._shares = dict(grant.shares)
-        self.registry.apply_shares(grant.shares, grant.replicas)
+        self._from_fallback = self._from_fallback and not grant.settled
+        shares = self._floored(grant) if self._from_fallback else dict(grant.shares)
+        self._shares = shares
+        self.registry.apply_shares(shares, grant.replicas)
         self._on_change(self)
         return True
+
+    def _floored(self, grant: LeaseGrant) -> dict[str, TenantShare]:
+        """The grant with each burst at least the fallback burst (``burst // replicas``, the grant's
+        pod count): what a pod enforces from starting, or from leaving the fallback share, until its
+        first settled grant. A pod whose lease lapsed at the coordinator too (renewals that failed)
+        comes back to find its part taken by the others, and one that reported ready unsettled
+        holds what the others' unexpired leases leave: down to a burst of 1, less than it enforced
+        while the coordinator could not be reached, so a tenant far under its quota was refused
+        (tests/quota/test_scale_up_sim.py). The rate and the concurrency stay as granted: a tenant
+        over its quota gains at most these bursts, once, service-wide, the others give back within
+        one renewal, and until then the bursts in force may exceed the tenant's burst by at most
+        them, as they do while a pod is on the fallback share."""
+        out = dict(grant.shares)
+        for name, share in grant.shares.items():
+            floor = fallback_share(self.registry.quota(name), grant.replicas).burst
+            if share.burst is not None and floor is not None and share.burst < floor:
+                out[name] = TenantShare(share.rate, floor, share.max_concurrent, share.fraction)
+        return out
 
     def check_expiry(self) -> None:
         now = self.clock.now()
@@ -289,6 +323,7 @@ class QuotaClient:
         if self.valid_until is None or now < self.valid_until:
             return
         self.fallback = True
+        self._from_fallback = True
         self._shares = {}
         self.registry.apply_shares(None, self.replicas)
         log.warning(
