@@ -63,7 +63,7 @@ from .errors import (
     ShuttingDown,
     UpstreamLost,
 )
-from .hold import Held, HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room
+from .hold import Held, HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room, start_left_seconds
 from .ledger import LOAD_HEADERS, QUEUE_FULL_LEVEL, PodLoad, apply_headers, observe_latency, routable, stale
 from .metrics import GatewayMetrics
 from .routing import choose, refusal_reason, retryable
@@ -82,6 +82,10 @@ _HOP = frozenset({
 _DROP_BACK = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length",
                         *(h.encode() for h in LOAD_HEADERS)})
 MAX_CONNECT_TRIES = 3
+#: the body of the pod's HTTP server's own 503 when its connection limit (``server.maxConnections``,
+#: uvicorn's ``limit_concurrency``) is reached: the pod's app never saw the request (no work done)
+POD_CONNECTION_LIMIT_BODY = b"Service Unavailable"
+CONNECTION_LIMIT = "connection_limit"
 #: client-sent edge headers: never forwarded (only the gateway may vouch for a request)
 _EDGE_IN = frozenset(h.encode() for h in EDGE_HEADERS)
 
@@ -113,6 +117,12 @@ class Gateway:
         self._full_since: dict[str, float] = {}
         #: pods starting (not routable, not terminating, not yet routable since): when first seen so
         self._starting: dict[str, float] = {}
+        #: each pod's last poll result, and the starts seen failing (while starting, a poll that the
+        #: pod answered 503, loading, then one that found nothing listening: its process ended)
+        self._last_poll: dict[str, str] = {}
+        self._start_failures: dict[str, int] = {}
+        #: callbacks that cut a request waiting for its pod's answer (the shutdown grace ended)
+        self._cuts: set[Callable[[], None]] = set()
         self._held_waiting = 0  # handlers awaiting a hand-off (held, or woken and not yet resumed)
         self.in_flight = 0
         self._idle = asyncio.Event()
@@ -136,6 +146,8 @@ class Gateway:
             self.pool.forget(key)
             self._full_since.pop(key, None)
             self._starting.pop(key, None)
+            self._last_poll.pop(key, None)
+            self._start_failures.pop(key, None)
         self._gauge_endpoints()
         self._pump()
 
@@ -147,6 +159,7 @@ class Gateway:
         for p in self.pods.values():
             ep = self.addresses.get(p.key)
             if routable(p):
+                self._start_failures.pop(p.key, None)
                 since = self._starting.pop(p.key, None)
                 if since is not None and startup is not None:
                     self.metrics.ready_prediction_error.observe((now - since) - startup)
@@ -155,16 +168,58 @@ class Gateway:
             elif p.key not in self._starting and not p.draining:
                 self._starting[p.key] = now
 
-    def predicted_ready(self, now: float) -> float | None:
-        """Seconds until a pod can serve a request held now (:func:`~sluiceway_gateway.hold.
-        predicted_ready_seconds`); ``None`` without ``hold.startupSeconds``."""
+    def predicted_ready(self, now: float, held_ahead: int | None = None) -> float | None:
+        """Seconds until a pod can serve a request held now, behind ``held_ahead`` requests (default:
+        all those held) (:func:`~sluiceway_gateway.hold.predicted_ready_seconds`; a pod past its
+        predicted start-up is taken to be late by as much again); ``None`` without
+        ``hold.startupSeconds``."""
         startup = self.config.hold.startup_seconds
         if startup is None or self.hold is None:
             return None
         self._track_starting()
         pods = [p for p in self.pods.values() if routable(p) or p.key in self._starting]
-        return predicted_ready_seconds(now, pods, self._starting.values(), startup, self.hold.count,
-                                       self.config.hold.handoff_queue_per_pod)
+        return predicted_ready_seconds(now, pods, self._starting.values(), startup,
+                                       self.hold.count if held_ahead is None else held_ahead,
+                                       self.config.hold.handoff_queue_per_pod, overdue=True)
+
+    def _why_late(self, now: float) -> str:
+        """What the prediction rests on, for a refusal's message: the soonest starting pod's overrun of
+        ``hold.startupSeconds`` and the failed starts seen."""
+        startup = self.config.hold.startup_seconds
+        if startup is None or not self._starting:
+            return ""
+        key, since = min(self._starting.items(), key=lambda kv: start_left_seconds(now - kv[1], startup, True))
+        over = (now - since) - startup
+        parts = []
+        if over > 0:
+            parts.append(f"the starting pod {key} is {over:.1f}s past its predicted start-up "
+                         f"(hold.startupSeconds {startup:g}s)")
+        if any(self._start_failures.values()):
+            parts.append("a failed start seen (a starting pod's process ended while it loaded)")
+        return ("; " + "; ".join(parts)) if parts else ""
+
+    def _refuse_late_held(self) -> None:
+        """With ``hold.startupSeconds`` and no pod ready: each held request whose deadline is before the
+        predicted ready time (a starting pod late, or failing, pushes it out) leaves the hold queue
+        now, answered 503 ``no_capacity_in_time`` with ``Retry-After``, instead of at its deadline."""
+        hold = self.hold
+        if hold is None or not hold.count or self.closing or any(routable(p) for p in self.pods.values()):
+            return
+        now = self.clock()
+        wait = self.predicted_ready(now, held_ahead=0)
+        if wait is None:
+            return
+        why = None
+        for h in hold.all_held():
+            if now + wait > h.deadline and not h.waiter.done() and hold.remove(h):
+                if why is None:
+                    why = self._why_late(now)
+                self.metrics.hold_seconds.labels("no_capacity_in_time").observe(max(0.0, now - h.enqueued))
+                self.metrics.early_refused.inc()
+                h.waiter.set_exception(NoCapacityInTime(
+                    f"no pod can take the request within its deadline: one is predicted in {wait:.1f}s"
+                    f"{why} (held {now - h.enqueued:.3f}s)", retry_after=wait))
+        self._hold_gauges()
 
     def _gauge_endpoints(self) -> None:
         self._track_starting()
@@ -190,6 +245,7 @@ class Gateway:
                     self._spawn(self._poll(pod))
             self._gauge_endpoints()
             self._pump()  # a full pod's probe comes due with time
+            self._refuse_late_held()  # a late or failing start pushes the predicted ready time out
 
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
@@ -226,6 +282,12 @@ class Gateway:
         finally:
             self._polling.discard(pod.key)
             self.metrics.polls.labels(result).inc()
+            if pod.key in self.pods:
+                # it answered while starting (503: loading), now nothing listens: its process ended
+                if (result == "unreachable" and pod.key in self._starting
+                        and self._last_poll.get(pod.key) in ("not_ready", "error")):
+                    self._start_failures[pod.key] = self._start_failures.get(pod.key, 0) + 1
+                self._last_poll[pod.key] = result
             self._track_starting()
             self._pump()
 
@@ -405,12 +467,15 @@ class Gateway:
         if predicted is not None and now + predicted > deadline:
             self.metrics.early_refused.inc()
             raise NoCapacityInTime(
-                f"no pod can take the request within its deadline: one is predicted in {predicted:.1f}s",
-                retry_after=predicted)
+                f"no pod can take the request within its deadline: one is predicted in {predicted:.1f}s"
+                f"{self._why_late(now)}", retry_after=predicted)
+        if predicted is not None and not any(routable(p) for p in self.pods.values()):
+            retry_after = predicted  # no room comes before a pod does: when one is predicted
+        else:
+            retry_after = retry_after_seconds(hold.count, self.pods.values(), extra,
+                                              self.config.hold.retry_after_seconds)
         try:
-            h = hold.offer(tenant, weight, rank, nbytes, deadline, now,
-                           retry_after_seconds(hold.count, self.pods.values(), extra,
-                                               self.config.hold.retry_after_seconds))
+            h = hold.offer(tenant, weight, rank, nbytes, deadline, now, retry_after)
         except (HoldFull, HoldTenantFull) as err:
             self.metrics.hold_refused.labels(err.bound).inc()
             raise
@@ -497,11 +562,16 @@ class Gateway:
                 if resp.status in (429, 503):
                     body = await self._read_body(resp, deadline)
                     reason = refusal_reason(body)
+                    before_work = retryable(resp.status, reason)
+                    if reason is None and resp.status == 503 and body.strip() == POD_CONNECTION_LIMIT_BODY:
+                        # the pod's server is at its connection limit: refused before its app ran,
+                        # so the pod is full for now, like a full queue
+                        reason, before_work = CONNECTION_LIMIT, True
                     if reason == "draining":
                         pod.draining = True
-                    elif reason in ("queue_full", "displaced"):
+                    elif reason in ("queue_full", "displaced", CONNECTION_LIMIT):
                         self._mark_full(pod)
-                    if retryable(resp.status, reason) and now < deadline:
+                    if before_work and now < deadline:
                         if not refused_once:
                             refused_once = True
                             exclude.add(pod.key)
@@ -528,6 +598,14 @@ class Gateway:
     async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float,
                            ticket: Ticket | None) -> UpstreamResponse:
         head = conn.send(self._request_bytes(req, ep.key, deadline, ticket), head_request=req.method == "HEAD")
+        cut = False
+
+        def on_cut() -> None:
+            nonlocal cut
+            cut = True
+            head.cancel()
+
+        self._cuts.add(on_cut)
         try:
             return await _until(head, deadline - self.clock())
         except TimeoutError:
@@ -535,6 +613,14 @@ class Gateway:
             raise DeadlineExceeded("no answer from the pod within the request's deadline") from None
         except Lost as err:
             raise UpstreamLost(f"the pod's connection failed after the request was sent ({err})") from None
+        except asyncio.CancelledError:
+            if not cut:
+                raise
+            conn.close()
+            raise UpstreamLost("the gateway shut down (its drain grace ended) before the pod answered; the pod "
+                               "may have run the request") from None
+        finally:
+            self._cuts.discard(on_cut)
 
     async def _read_body(self, resp: UpstreamResponse, deadline: float) -> bytes:
         body = resp.complete_body()
@@ -590,6 +676,12 @@ class Gateway:
             self._hold_gauges()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), max(0.0, end - self.clock()))
+        # the grace is over: requests still waiting for their pod's answer are answered now (502
+        # upstream_lost: the pod may have run them), never left to a closed connection
+        for cut in list(self._cuts):
+            cut()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 1.0)
         # let the handlers of the requests just answered write their answers
         for _ in range(100):
             if not self._held_waiting:

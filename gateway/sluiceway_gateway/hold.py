@@ -192,17 +192,30 @@ def handoff_rate(pods: Iterable[PodLoad], extra_queue: int) -> float:
     return sum(((p.permits_limit or 1) + extra_queue) / max(p.ewma_ms / 1000.0, 0.001) for p in pods)
 
 
+def start_left_seconds(elapsed: float, startup: float, overdue: bool) -> float:
+    """Seconds left until a pod that has been starting for ``elapsed`` seconds is ready, predicted
+    ``startup`` in all: ``startup - elapsed`` while that is positive. Past the prediction, 0 without
+    ``overdue``; with it, the pod is taken to be late by as much again as it is late already
+    (``elapsed - startup``): a start that overran its estimate says nothing of when it ends, and the
+    longer it overran the later it is likely to end, so the estimate grows with the overrun instead
+    of staying at "any moment now" (a pod that never becomes ready is given up on in the end)."""
+    left = startup - elapsed
+    if left >= 0:
+        return left
+    return -left if overdue else 0.0
+
+
 def predicted_ready_seconds(now: float, pods: Iterable[PodLoad], starting_since: Iterable[float],
-                            startup: float, held_ahead: int, extra_queue: int) -> float:
+                            startup: float, held_ahead: int, extra_queue: int, overdue: bool = False) -> float:
     """Seconds until a pod can serve a request held now: with a ready pod, the time to drain the
     ``held_ahead`` requests at the ready pods' rate; with none, the time left for the soonest
-    starting pod (``startup`` less how long ago it was first seen starting, at least 0), or the
+    starting pod (:func:`start_left_seconds` of how long ago it was first seen starting), or the
     whole ``startup`` when none is starting, plus the drain at the starting pods' rate."""
     pods = list(pods)
     ready = [p for p in pods if routable(p)]
     if ready:
         return held_ahead / handoff_rate(ready, extra_queue)
-    left = [max(0.0, startup - (now - since)) for since in starting_since]
+    left = [start_left_seconds(now - since, startup, overdue) for since in starting_since]
     wait = min(left) if left else startup
     rate = handoff_rate(pods, extra_queue) if pods else 0.0
     return wait + (held_ahead / rate if rate > 0 else 0.0)

@@ -19,10 +19,10 @@ KNOWN_REASONS = frozenset({
     "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
     "upstream_lost", "deadline", "gateway_draining", "header_timeout", "slow_reader", "internal",
     "queue_full", "displaced", "not_ready", "draining", "connect_failed", "hold_full", "hold_tenant_full",
-    "hold_timeout", "no_capacity_in_time", "client_closed",
+    "hold_timeout", "no_capacity_in_time", "client_closed", "connection_limit",
 })
 HOLD_BOUNDS = frozenset({"full", "bytes_full", "tenant_full", "tenant_bytes_full"})
-HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled", "client_closed")
+HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled", "client_closed", "no_capacity_in_time")
 RELOAD_RESULTS = ("applied", "rejected", "restart_required")
 
 
