@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sluiceway_sandbox.agent import pods as pods_mod
 from sluiceway_sandbox.agent import runtime
 from sluiceway_sandbox.agent.images import Images
 from sluiceway_sandbox.agent.pods import NodeContext, PodWorker
@@ -28,7 +27,7 @@ def make_worker(tmp_path: Path, init: dict[str, Any]) -> PodWorker:
     (tmp_path / "sluiceway-pod").chmod(0o755)
     ctx = NodeContext(
         layout=Layout(state_dir=tmp_path),
-        kube=FakeKube(),  # type: ignore[arg-type]
+        kube=FakeKube(),
         images=Images(bin_dir=tmp_path),
         allocatable={"cpu": "4"},
         allocate_ip=lambda uid, preferred: "198.18.1.9",
@@ -80,7 +79,7 @@ def test_a_failed_init_container_reports_its_termination_message_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     line = "sluiceway-pod fetch: failed (access-denied): s3://models/scorer/v1/: AccessDenied"
-    monkeypatch.setattr(pods_mod.runtime, "launch", fake_launch(f'[ -n "$MSG" ] && echo "{line}" > "$MSG"; exit 11'))
+    monkeypatch.setattr(runtime, "launch", fake_launch(f'[ -n "$MSG" ] && echo "{line}" > "$MSG"; exit 11'))
     w = make_worker(tmp_path, {"terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"})
     run_until_exit(w)
     st = w.build_status()["initContainerStatuses"][0]
@@ -95,14 +94,14 @@ def test_a_failed_init_container_reports_its_termination_message_at_once(
 
 def test_the_default_path_and_the_log_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # no terminationMessagePath: the default /dev/termination-log is bound
-    monkeypatch.setattr(pods_mod.runtime, "launch", fake_launch('echo "why" > "$MSG"; exit 3'))
+    monkeypatch.setattr(runtime, "launch", fake_launch('echo "why" > "$MSG"; exit 3'))
     w = make_worker(tmp_path / "a", {})
     run_until_exit(w)
     assert w.init[0].last_terminated is not None
     assert w.init[0].last_terminated["message"].strip() == "why"
     w._teardown()
     # an empty file with FallbackToLogsOnError: the log's tail
-    monkeypatch.setattr(pods_mod.runtime, "launch", fake_launch('echo "from the log"; exit 4'))
+    monkeypatch.setattr(runtime, "launch", fake_launch('echo "from the log"; exit 4'))
     w = make_worker(tmp_path / "b", {"terminationMessagePath": "/tmp/why",
                                      "terminationMessagePolicy": "FallbackToLogsOnError"})
     run_until_exit(w)
@@ -113,7 +112,7 @@ def test_the_default_path_and_the_log_fallback(tmp_path: Path, monkeypatch: pyte
 
 def test_a_long_message_is_cut_to_4096_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     script = 'head -c 10000 /dev/zero | tr "\\0" x > "$MSG"; exit 1'
-    monkeypatch.setattr(pods_mod.runtime, "launch", fake_launch(script))
+    monkeypatch.setattr(runtime, "launch", fake_launch(script))
     w = make_worker(tmp_path, {})
     run_until_exit(w)
     assert w.init[0].last_terminated is not None
@@ -124,7 +123,7 @@ def test_a_long_message_is_cut_to_4096_bytes(tmp_path: Path, monkeypatch: pytest
 def test_a_finished_init_container_shows_completed_and_is_not_restarted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pods_mod.runtime, "launch", fake_launch("exit 0"))
+    monkeypatch.setattr(runtime, "launch", fake_launch("exit 0"))
     w = make_worker(tmp_path, {})
     run_until_exit(w)
     st = w.build_status()
