@@ -2,8 +2,9 @@
 
 Concurrency model: one process, one asyncio event loop (uvloop when installed) carrying the client
 side, the pod connections, discovery, the poller and the metrics port; SIGTERM stops accepting, waits
-for requests in flight (``--drain-seconds``), then exits. The keys file and the ``tenants`` section reload
-without a restart (:mod:`~sluiceway_gateway.reload`, one more task on the loop).
+for requests in flight (``--drain-seconds``), then exits. The keys file, the ``tenants`` section and
+``hold.startupSeconds`` reload without a restart (:mod:`~sluiceway_gateway.reload`, one more task on
+the loop), with or without tenants.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sluiceway_core.logformat import FORMATS, configure_logging
 
 from .app import Gateway
-from .config import GatewayConfig, GatewayConfigError, load_gateway_config
+from .config import GatewayConfig, GatewayConfigError, load_gateway_config, with_startup_seconds
 from .endpoints import EndpointSource, StaticEndpoints
 from .reload import TenantReloader
 from .server import Request, Responder, ServerLimits, ServerState, serve
@@ -95,10 +96,16 @@ async def run(config: GatewayConfig, drain_seconds: float, config_file: str | No
     registry = CollectorRegistry()
     gw = Gateway(config, build_source(config), registry)
     reloader = None
-    if config_file is not None and gw.admission is not None:  # keys and tenant limits reload in place
+    if config_file is not None:  # keys, tenant limits and the start-up estimate reload in place
         m = gw.metrics
-        reloader = TenantReloader(config_file, overrides or {}, config, gw.admission.current, gw.admission.replace,
-                                  clock=gw.clock, period=config.reload_seconds,
+        adm = gw.admission
+
+        def apply_startup(seconds: float | None) -> None:
+            gw.config = with_startup_seconds(gw.config, seconds)
+
+        reloader = TenantReloader(config_file, overrides or {}, config,
+                                  adm.current if adm is not None else None, adm.replace if adm is not None else None,
+                                  apply_startup=apply_startup, clock=gw.clock, period=config.reload_seconds,
                                   result=lambda r: m.reloads.labels(r).inc(),
                                   failing=lambda f: m.reload_failing.set(1 if f else 0))
         reloader.start()
