@@ -15,6 +15,14 @@ over it the gateway answers 429 ``tenant_queue_full``. A refused request takes n
 Reload (:meth:`EdgeAdmission.replace`, :mod:`~sluiceway_gateway.reload`): keys and tenant limits are
 swapped in place; each tenant's bucket keeps its tokens.
 
+Several gateway replicas (``quota`` in the gateway's config): each replica leases its part of every
+tenant's ``rate``/``burst`` from the quota coordinator, as the pods do
+(:class:`sluiceway_core.lease_client.QuotaClient`, driven through this class's
+:class:`~sluiceway_core.lease_client.ShareHolder` methods: :meth:`take_counts`, :meth:`share`,
+:meth:`apply_shares`...), so the replicas' buckets sum to the tenant's quota whatever way kube-proxy
+spread the clients' connections over them (docs/gateway.md has the bound). Without a lease in force a
+replica enforces ``quota / replicas`` (the fallback share).
+
 Concurrency model: owned by the gateway's event loop; nothing blocks or awaits. Time comes from the
 injected ``clock``.
 """
@@ -22,12 +30,13 @@ injected ``clock``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluiceway_core.config import PrioritiesConfig, TenantLimits, TenantsConfig
 from sluiceway_core.keys import KeyFile, parse_keys_text
+from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
 
 from .errors import BadRequest, PriorityForbidden, RateLimited, TenantQueueFull, Unauthenticated
 
@@ -59,6 +68,8 @@ class TokenBucket:
         if self._tokens >= 1.0 - 1e-9:
             self._tokens = max(0.0, self._tokens - 1.0)
             return 0.0
+        if self.rate <= 0:
+            return 1.0  # no share of the quota on this replica right now: ask again after a renewal
         return (1.0 - self._tokens) / self.rate
 
 
@@ -93,6 +104,11 @@ class EdgeAdmission:
         self._keys = keys
         self._listed = {t.name: t for t in config.tenants}
         self._tenants: dict[str, EdgeTenant] = {}
+        #: service-wide quotas split between replicas: None = this replica holds the whole quota;
+        #: else the replica count the fallback share divides by, until a lease says otherwise
+        self.replicas: int | None = None
+        self._shares: dict[str, TenantShare] = {}
+        self._counts: dict[str, list[int]] = {}  # tenant -> [admitted, refused] by its bucket since the last report
 
     def _limits(self, name: str) -> TenantLimits:
         return self._listed.get(name) or self._config.defaults
@@ -112,6 +128,9 @@ class EdgeAdmission:
         rate = None
         if lim.rate is not None:
             rate = (lim.rate, lim.burst if lim.burst is not None else max(1, math.ceil(lim.rate)))
+            share = self.share(name)
+            if share is not None and share.rate is not None and share.burst is not None:
+                rate = (share.rate, share.burst)  # this replica's part of the service-wide quota
         return rank, lim.weight, cap, rate
 
     def tenant(self, name: str) -> EdgeTenant:
@@ -143,6 +162,45 @@ class EdgeAdmission:
             else:
                 et.bucket.retune(*rate)
 
+    # ------------------------------------------------------------- the quota split between replicas
+    def quota(self, name: str) -> TenantQuota:
+        """The tenant's configured rate and burst (service-wide); the edge leases no concurrency."""
+        lim = self._limits(name)
+        return TenantQuota(lim.rate, lim.burst, None)
+
+    def share(self, name: str) -> TenantShare | None:
+        """This replica's share of the tenant's quota in force (None: it holds the whole quota)."""
+        got = self._shares.get(name)
+        if got is not None:
+            return got
+        if self.replicas is None:
+            return None
+        return fallback_share(self.quota(name), self.replicas)
+
+    def apply_shares(self, shares: Mapping[str, TenantShare] | None, replicas: int) -> None:
+        """A new lease (``shares``), or ``None``: the lease ran out, fall back to quota / replicas.
+        Each bucket keeps the tokens it earned, at most its new burst."""
+        self.replicas = max(1, replicas)
+        self._shares = dict(shares) if shares is not None else {}
+        for name, et in self._tenants.items():
+            rate = self._terms(name)[3]
+            if rate is not None and et.bucket is not None:
+                et.bucket.retune(*rate)
+
+    def take_counts(self) -> dict[str, tuple[int, int]]:
+        """(admitted, refused) by each tenant's bucket since the previous call."""
+        out = {n: (c[0], c[1]) for n, c in self._counts.items()}
+        self._counts.clear()
+        return out
+
+    def refused_names(self) -> list[str]:
+        return [n for n, c in self._counts.items() if c[1]]
+
+    def tenant_load(self) -> dict[str, tuple[int, int]]:
+        """(queued, running) per tenant with requests outstanding here (the lease's demand): the
+        gateway counts them all as running (held or at a pod)."""
+        return {n: (0, t.outstanding) for n, t in self._tenants.items() if t.outstanding}
+
     def authenticate(self, authorization: str | None) -> EdgeTenant:
         if not authorization:
             if self._config.anonymous_allowed:
@@ -172,6 +230,8 @@ class EdgeAdmission:
                                   retry_after=1.0)
         if tenant.bucket is not None:
             wait = tenant.bucket.try_take()
+            counts = self._counts.setdefault(tenant.name, [0, 0])
+            counts[0 if wait == 0.0 else 1] += 1
             if wait > 0:
                 raise RateLimited(f"tenant {tenant.name!r} is over its rate", retry_after=wait)
         tenant.outstanding += 1

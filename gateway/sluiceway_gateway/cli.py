@@ -15,10 +15,12 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sluiceway_core.lease_client import QuotaClient, pod_name
 from sluiceway_core.logformat import FORMATS, configure_logging
 
 from .app import Gateway
@@ -85,6 +87,13 @@ def build_source(config: GatewayConfig) -> EndpointSource:
     return StaticEndpoints(config.endpoints)
 
 
+class _Clock:
+    """The gateway's clock as the lease client reads it."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+
+
 def limits_of(config: GatewayConfig) -> ServerLimits:
     lim = config.limits
     return ServerLimits(lim.max_connections, lim.header_timeout_seconds, lim.body_timeout_seconds,
@@ -111,6 +120,12 @@ async def run(config: GatewayConfig, drain_seconds: float, config_file: str | No
         reloader.start()
     state = ServerState(gw.handle, limits_of(config))
     state.on_refused = lambda reason: gw.metrics.refused.labels(gw.metrics.reason(reason)).inc()
+    lease = None
+    if config.quota is not None and config.quota.coordinator_url is not None and gw.admission is not None:
+        # several replicas: this one leases its part of each tenant's rate and burst (admission.py)
+        lease = QuotaClient(config.quota, gw.admission, gw.admission.tenant_load, _Clock(gw.clock),
+                            pod=pod_name(), leaving=lambda: state.closing)
+        await lease.start()
 
     async def metrics_handler(req: Request, out: Responder) -> None:
         if req.path == "/metrics":
@@ -138,6 +153,8 @@ async def run(config: GatewayConfig, drain_seconds: float, config_file: str | No
         await background
     if reloader is not None:
         await reloader.stop()
+    if lease is not None:
+        await lease.stop()
     mserver.close()
     gw.pool.close()
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-from sluiceway_core.config import EdgeConfig, PrioritiesConfig, TenantsConfig
+from sluiceway_core.config import EdgeConfig, PrioritiesConfig, QuotaConfig, TenantsConfig
 
 Routing = Literal["leastWait", "powerOfTwo", "random"]
 _ADDR = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")
@@ -92,6 +92,10 @@ class GatewayConfig(_Model):
     #: the per-service edge token sent to the pods with every request admitted here (with ``tenants``);
     #: ``None``: the pods check every request themselves
     edge: EdgeConfig | None = None
+    #: several gateway replicas split each tenant's rate and burst by leases from the quota coordinator
+    #: (the operator renders it with the charter of ``<namespace>/<name>.edge``); ``None``: this
+    #: replica holds the whole quota (right for one replica)
+    quota: QuotaConfig | None = None
     #: seconds between rereads of the keys file and the ``tenants`` section (no restart needed)
     reload_seconds: float = Field(default=2.0, gt=0, le=3600, description="tenant keys and limits reload poll")
     seed: int | None = None
@@ -110,6 +114,8 @@ class GatewayConfig(_Model):
             raise ValueError("set either endpoints (static) or watch (EndpointSlices), not both")
         if not self.endpoints and self.watch is None:
             raise ValueError("no endpoints: set endpoints or watch")
+        if self.quota is not None and self.quota.coordinator_url is not None and self.tenants is None:
+            raise ValueError("quota.coordinatorUrl needs tenants: there is nothing to split without them")
         if self.tenants is not None:
             for t in self.tenants.tenants:
                 if t.max_priority is not None and t.max_priority not in self.priorities.classes:
