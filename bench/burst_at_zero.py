@@ -233,10 +233,10 @@ def bucket_p(text: str, name: str, q: float, **labels: str) -> str:
     if not buckets or buckets[-1][1] <= 0:
         return "-"
     want = q * buckets[-1][1]
-    lo = 0.0
+    lo: float | None = None
     for le, count in buckets:
         if count >= want:
-            return f"{lo:g}-{le:g}"
+            return f"<= {le:g}" if lo is None else f"{lo:g} to {le:g}"
         lo = le
     return "-"
 
@@ -305,8 +305,9 @@ def run_arm(arm: str, s: Settings, log_dir: Path, startup: float | None) -> dict
             "hold_p99_bucket": bucket_p(text, "sluiceway_gateway_hold_seconds", 0.99, outcome="handed_off"),
             "hold_sum": metric(text, "sluiceway_gateway_hold_seconds_sum", outcome="handed_off"),
             "early_refused": metric(text, "sluiceway_gateway_hold_early_refused_total"),
+            # a histogram with negative buckets has no _sum: the bucket its median falls in
             "prediction_error_count": metric(text, "sluiceway_gateway_ready_prediction_error_seconds_count"),
-            "prediction_error_sum": metric(text, "sluiceway_gateway_ready_prediction_error_seconds_sum"),
+            "prediction_error_bucket": bucket_p(text, "sluiceway_gateway_ready_prediction_error_seconds", 0.5),
             "retries": metric(text, "sluiceway_gateway_retries_total"),
         }
         ptext = metrics_text(pod.metrics_url)
@@ -337,8 +338,13 @@ def summarize(recs: Sequence[Rec], ready_after: float | None) -> dict[str, Any]:
         actual = ready_after - r.latency
         if actual > 0:
             errs.append((float(r.retry_after) - actual) / actual)
+    by_deadline: dict[str, Counter[str]] = {}
+    for r in recs:
+        by_deadline.setdefault(f"{r.deadline_ms:g} ms", Counter())[
+            f"{r.status} {r.reason}".strip() if r.status > 0 else r.reason] += 1
     return {
         "requests": len(recs), "codes": dict(sorted(codes.items())), "lost": len(lost),
+        "codes_by_deadline": {k: dict(sorted(v.items())) for k, v in sorted(by_deadline.items())},
         "ok": len(ok), "ok_share": len(ok) / len(recs) if recs else 0.0,
         "p50_s": percentile(ok, 50), "p99_s": percentile(ok, 99), "max_s": ok[-1] if ok else None,
         "early_503": len(early), "early_503_p99_ms": _ms(percentile(early_lat, 99)),
@@ -382,7 +388,7 @@ def report(doc: dict[str, Any]) -> str:
         a = arms.get(name)
         if a is None:
             continue
-        lines.append(f"{name}: answers {a['codes']}")
+        lines.append(f"{name}: answers {a['codes']}; by deadline: {a['codes_by_deadline']}")
         if a["early_503"]:
             lines.append(f"{name}: early 503 no_capacity_in_time: {a['early_503']}, p99 "
                          f"{fmt(a['early_503_p99_ms'], '.1f')} ms after t0, Retry-After {a['retry_after_values']} "
@@ -392,8 +398,8 @@ def report(doc: dict[str, Any]) -> str:
                          f"{fmt(_pct(a['retry_after_error_max_abs']), '.0f')} %")
         g = a["gateway"]
         if g["prediction_error_count"]:
-            lines.append(f"{name}: the gateway's predicted-ready error (actual - startupSeconds) "
-                         f"{g['prediction_error_sum'] / g['prediction_error_count']:+.2f} s")
+            lines.append(f"{name}: the gateway's predicted-ready error (actual - startupSeconds, from when it "
+                         f"first saw the address starting) in the bucket {g['prediction_error_bucket']} s")
     one, zero = arms.get(ONE), arms.get(ZERO)
     if one is not None and zero is not None:
         lines.append(f"ratio at zero / minReplicas 1: p50 {fmt(ratio(zero['p50_s'], one['p50_s']))}x, p99 "

@@ -43,6 +43,7 @@ import logging
 import random
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
@@ -86,6 +87,9 @@ MAX_CONNECT_TRIES = 3
 #: uvicorn's ``limit_concurrency``) is reached: the pod's app never saw the request (no work done)
 POD_CONNECTION_LIMIT_BODY = b"Service Unavailable"
 CONNECTION_LIMIT = "connection_limit"
+#: the window of answers the observed drain rate counts, and at most this many answers per pod in it
+ANSWER_WINDOW = 1.0
+ANSWER_WINDOW_MAX = 8192
 #: client-sent edge headers: never forwarded (only the gateway may vouch for a request)
 _EDGE_IN = frozenset(h.encode() for h in EDGE_HEADERS)
 
@@ -121,6 +125,9 @@ class Gateway:
         #: pod answered 503, loading, then one that found nothing listening: its process ended)
         self._last_poll: dict[str, str] = {}
         self._start_failures: dict[str, int] = {}
+        #: when each pod's latest answers came (the last ``ANSWER_WINDOW`` seconds, bounded): the
+        #: drain rate the ready-time prediction sees (:meth:`observed_rate`)
+        self._answered_at: dict[str, deque[float]] = {}
         #: callbacks that cut a request waiting for its pod's answer (the shutdown grace ended)
         self._cuts: set[Callable[[], None]] = set()
         self._held_waiting = 0  # handlers awaiting a hand-off (held, or woken and not yet resumed)
@@ -147,6 +154,7 @@ class Gateway:
             self._full_since.pop(key, None)
             self._starting.pop(key, None)
             self._last_poll.pop(key, None)
+            self._answered_at.pop(key, None)
             self._start_failures.pop(key, None)
         self._gauge_endpoints()
         self._pump()
@@ -180,7 +188,19 @@ class Gateway:
         pods = [p for p in self.pods.values() if routable(p) or p.key in self._starting]
         return predicted_ready_seconds(now, pods, self._starting.values(), startup,
                                        self.hold.count if held_ahead is None else held_ahead,
-                                       self.config.hold.handoff_queue_per_pod, overdue=True)
+                                       self.config.hold.handoff_queue_per_pod, overdue=True,
+                                       observed_rate=self.observed_rate(now))
+
+    def observed_rate(self, now: float) -> float:
+        """Answers per second the routable pods gave over the last ``ANSWER_WINDOW`` seconds."""
+        total = 0
+        for key, times in self._answered_at.items():
+            while times and times[0] < now - ANSWER_WINDOW:
+                times.popleft()
+            pod = self.pods.get(key)
+            if pod is not None and routable(pod):
+                total += len(times)
+        return total / ANSWER_WINDOW
 
     def _why_late(self, now: float) -> str:
         """What the prediction rests on, for a refusal's message: the soonest starting pod's overrun of
@@ -364,6 +384,10 @@ class Gateway:
     def _heard(self, pod: PodLoad, resp: UpstreamResponse, now: float) -> None:
         """The answer to one forwarded request, still counted in ``pod.inflight``."""
         apply_headers(pod, _str_headers(resp), now, answered=1)
+        times = self._answered_at.get(pod.key)
+        if times is None:
+            times = self._answered_at[pod.key] = deque(maxlen=ANSWER_WINDOW_MAX)
+        times.append(now)
         if pod.degradation < QUEUE_FULL_LEVEL:
             self._full_since.pop(pod.key, None)
         elif pod.key not in self._full_since:
@@ -473,7 +497,7 @@ class Gateway:
             retry_after = predicted  # no room comes before a pod does: when one is predicted
         else:
             retry_after = retry_after_seconds(hold.count, self.pods.values(), extra,
-                                              self.config.hold.retry_after_seconds)
+                                              self.config.hold.retry_after_seconds, self.observed_rate(now))
         try:
             h = hold.offer(tenant, weight, rank, nbytes, deadline, now, retry_after)
         except (HoldFull, HoldTenantFull) as err:

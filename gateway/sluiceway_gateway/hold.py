@@ -187,9 +187,13 @@ def room(pod: PodLoad, extra_queue: int, now: float, probe_after: float, full_si
 
 
 def handoff_rate(pods: Iterable[PodLoad], extra_queue: int) -> float:
-    """Requests per second the given pods take off the hold queue: each its in-flight cap (permits,
-    1 before it reports, plus ``extra_queue``) over its mean answer time (1 ms while unknown)."""
-    return sum(((p.permits_limit or 1) + extra_queue) / max(p.ewma_ms / 1000.0, 0.001) for p in pods)
+    """Requests per second the given pods take off the hold queue: by Little's law, what each has in
+    flight over its mean answer time (1 ms while unknown), counting at least its hand-off cap (permits,
+    1 before it reports, plus ``extra_queue``: what the hand-off keeps in flight to it). A pod with
+    more in flight than that (sent on the direct path before anything was held) answers as many in
+    its answer time, which that load has stretched: the cap alone would predict it far too slow."""
+    return sum(max((p.permits_limit or 1) + extra_queue, p.inflight) / max(p.ewma_ms / 1000.0, 0.001)
+               for p in pods)
 
 
 def start_left_seconds(elapsed: float, startup: float, overdue: bool) -> float:
@@ -206,29 +210,34 @@ def start_left_seconds(elapsed: float, startup: float, overdue: bool) -> float:
 
 
 def predicted_ready_seconds(now: float, pods: Iterable[PodLoad], starting_since: Iterable[float],
-                            startup: float, held_ahead: int, extra_queue: int, overdue: bool = False) -> float:
+                            startup: float, held_ahead: int, extra_queue: int, overdue: bool = False,
+                            observed_rate: float = 0.0) -> float:
     """Seconds until a pod can serve a request held now: with a ready pod, the time to drain the
-    ``held_ahead`` requests at the ready pods' rate; with none, the time left for the soonest
+    ``held_ahead`` requests at the ready pods' rate (:func:`handoff_rate`, or the rate they were
+    seen answering lately, ``observed_rate``, when that is higher: after a burst the mean answer time
+    lags behind, still stretched by the queue the burst built, while the answers themselves show the
+    pace); with none, the time left for the soonest
     starting pod (:func:`start_left_seconds` of how long ago it was first seen starting), or the
     whole ``startup`` when none is starting, plus the drain at the starting pods' rate."""
     pods = list(pods)
     ready = [p for p in pods if routable(p)]
     if ready:
-        return held_ahead / handoff_rate(ready, extra_queue)
+        return held_ahead / max(handoff_rate(ready, extra_queue), observed_rate)
     left = [start_left_seconds(now - since, startup, overdue) for since in starting_since]
     wait = min(left) if left else startup
     rate = handoff_rate(pods, extra_queue) if pods else 0.0
     return wait + (held_ahead / rate if rate > 0 else 0.0)
 
 
-def retry_after_seconds(held: int, pods: Iterable[PodLoad], extra_queue: int, idle_default: float) -> float:
+def retry_after_seconds(held: int, pods: Iterable[PodLoad], extra_queue: int, idle_default: float,
+                        observed_rate: float = 0.0) -> float:
     """When a refused request may find room: the time for the ready pods to work off what is held at
-    their hand-off rate (in-flight cap over their mean answer time), at least 1 s; ``idle_default``
+    their hand-off rate (:func:`handoff_rate`), at least 1 s; ``idle_default``
     when no pod is ready (nothing is known about when one will be)."""
-    rate = 0.0
-    for p in pods:
-        if routable(p):
-            rate += ((p.permits_limit or 1) + extra_queue) / max(p.ewma_ms / 1000.0, 0.001)
+    ready = [p for p in pods if routable(p)]
+    if not ready:
+        return idle_default
+    rate = max(handoff_rate(ready, extra_queue), observed_rate)
     if rate <= 0:
         return idle_default
     return max(1.0, held / rate)
