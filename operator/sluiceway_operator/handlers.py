@@ -3,6 +3,13 @@
 * ``@kopf.on.create`` / ``update`` / ``resume`` -> :meth:`.reconcile.Reconciler.apply_children`
   (level-based: renders and applies the children from the current spec; no Prometheus).
 * ``@kopf.on.event`` -> :class:`.ticker.Tracker` (the latest body of each object, for the loops).
+* ``@kopf.on.event`` on Secrets labelled ``sluiceway.io/tenant-key: "true"`` (the API server
+  filters by that label: :func:`.settings.apply_kopf_settings`; the operator's RBAC cannot): a
+  changed, new or removed key Secret re-applies, through a :class:`.ticker.Debouncer`
+  (:data:`KEY_DEBOUNCE_SECONDS`), every InferenceService of its namespace whose
+  ``tenants[].keySecretRef`` names it, so a rotated key reaches the ``<name>-keys`` Secret (and the
+  pods and the gateway, which reload it in place) in about a second instead of at the next drift
+  tick. Only the Secret's metadata is used here; its data is never kept or logged.
 * ``@kopf.on.startup`` starts two :class:`.ticker.Ticker` loops - ``drift`` (every
   ``--drift-interval``: the spec path again, which repairs drift and picks up Secrets created later)
   and ``signals`` (every ``--signals-interval``: Prometheus status and the builtin engine);
@@ -26,20 +33,24 @@ from typing import Any
 import kopf
 
 from . import GROUP, PLURAL, VERSION
-from .kube import ApiError, Kube
+from .kube import TENANT_KEY_LABEL, ApiError, Kube
 from .reconcile import Reconciler
 from .settings import OperatorConfig, apply_kopf_settings
-from .ticker import Ticker, Tracker
+from .ticker import Debouncer, SecretVersions, Ticker, Tracker
 
-__all__ = ["register"]
+__all__ = ["KEY_DEBOUNCE_SECONDS", "register"]
 
 #: Worker threads of the two loops together (Prometheus reads block up to their timeout).
 LOOP_WORKERS = 4
+#: A changed tenant-key Secret re-applies its InferenceServices this long after the first change
+#: (changes within it join: a rotation of several Secrets is one pass per InferenceService).
+KEY_DEBOUNCE_SECONDS = 1.0
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube | None = None) -> None:
     """Register the handlers for one operator run. ``kube`` is created lazily at startup if None."""
     tracker = Tracker()
+    versions = SecretVersions()
     holder: dict[str, Any] = {}
 
     def reconciler() -> Reconciler:
@@ -63,13 +74,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
             Ticker("drift", config.drift_interval, tracker, rec.drift_tick, pool),
             Ticker("signals", config.signals_interval, tracker, rec.signals_tick, pool),
         ]
+        holder["keys"] = Debouncer(KEY_DEBOUNCE_SECONDS, tracker.get, rec.drift_tick, pool)
         for t in holder["tickers"]:
             t.start()
+        holder["keys"].start()
 
     @kopf.on.cleanup(registry=registry)
     def _cleanup(**_: Any) -> None:
         for t in holder.get("tickers", []):
             t.stop()
+        if "keys" in holder:
+            holder["keys"].stop()
         if "pool" in holder:
             holder["pool"].shutdown(wait=False, cancel_futures=True)
 
@@ -78,6 +93,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
         tracker.seen(type, dict(body))
         if type == "DELETED" and "reconciler" in holder:
             reconciler().forget(body["metadata"]["uid"])
+
+    @kopf.on.event("v1", "secrets", labels={TENANT_KEY_LABEL: "true"}, registry=registry)
+    def _key_secret(type: str | None, body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        if "keys" not in holder or not versions.changed(type, meta):
+            return
+        for uid in tracker.using_key_secret(str(meta.get("namespace") or ""), str(meta.get("name") or "")):
+            holder["keys"].poke(uid)
 
     def _apply(body: kopf.Body, **_: Any) -> None:
         if body["metadata"].get("deletionTimestamp"):

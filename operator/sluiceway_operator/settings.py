@@ -34,6 +34,7 @@ from sluiceway_core.promauth import PromAuth, load_prom_auth
 from sluiceway_core.quota_charter import load_key
 from sluiceway_core.urls import UrlAllowList
 
+from .kube import TENANT_KEY_LABEL
 from .policy import Policy, policy_from_env
 
 __all__ = ["DOMAIN", "POD_LOG_FORMATS", "OperatorConfig", "apply_kopf_settings", "config_from_env", "parse_labels"]
@@ -200,6 +201,9 @@ def apply_kopf_settings(settings: kopf.OperatorSettings) -> None:
     settings.scanning.disabled = True
     settings.posting.enabled = True
     settings.posting.level = logging.WARNING
+    # Tenant-key Secrets (handlers.py): the API server sends only the labelled ones, so the operator
+    # never receives a Secret that has not consented (RBAC cannot select by label).
+    settings.watching.label_selectors["v1", "secrets"] = f"{TENANT_KEY_LABEL}=true"
     # Short watch timeouts: reconnects are cheap and repair lost watches quickly.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150

@@ -145,6 +145,9 @@ NEEDED = [
     ("get", "secrets", "", ""),
     ("create", "secrets", "", ""),
     ("patch", "secrets", "", ""),
+    # the watch on tenant-key Secrets (labelled sluiceway.io/tenant-key; the selector is the operator's)
+    ("list", "secrets", "", ""),
+    ("watch", "secrets", "", ""),
     ("patch", "configmaps", "", ""),
     ("patch", "services", "", ""),
     ("patch", "deployments", "apps", ""),
@@ -168,8 +171,6 @@ NEEDED = [
 #: Never, anywhere. The operator creates RoleBindings (the gateway's) but can grant only what it
 #: holds itself: no bind, no escalate (test_operator_cannot_grant_more_than_it_holds).
 NEVER = [
-    ("list", "secrets", "", ""),
-    ("watch", "secrets", "", ""),
     ("update", "secrets", "", ""),
     ("delete", "secrets", "", ""),
     ("deletecollection", "secrets", "", ""),
@@ -213,7 +214,7 @@ def test_namespaced_rbac_by_subject_access_review(installed: str, admin: Admin) 
     assert _can(admin, "get", "customresourcedefinitions", group="apiextensions.k8s.io", name="scaledobjects.keda.sh")
     # Nothing outside the watched namespaces, Secrets above all; nothing cluster-wide.
     for ns in (OTHER, RELEASE_NS, "kube-system"):
-        for verb in ("get", "create", "patch", "delete"):
+        for verb in ("get", "list", "watch", "create", "patch", "delete"):
             assert not _can(admin, verb, "secrets", ns), (verb, ns)
         assert not _can(admin, "patch", "deployments", ns, "apps"), ns
         for verb, resource, group in (
@@ -223,7 +224,8 @@ def test_namespaced_rbac_by_subject_access_review(installed: str, admin: Admin) 
             ("list", "endpointslices", "discovery.k8s.io"),
         ):
             assert not _can(admin, verb, resource, ns, group), (verb, resource, ns)
-    assert not _can(admin, "get", "secrets")  # all namespaces
+    for verb in ("get", "list", "watch"):
+        assert not _can(admin, verb, "secrets"), verb  # all namespaces
     assert not _can(admin, "list", "inferenceservices", group="sluiceway.io")
     for ns in (*WATCHED, OTHER):
         for v, r, g, s in NEVER:
@@ -281,7 +283,7 @@ def test_operator_runs_under_the_charts_namespaced_rbac(
 def test_operator_cannot_grant_more_than_it_holds(installed: str, admin: Admin, control_plane: ControlPlane) -> None:
     """The operator may create Roles and RoleBindings (the gateway's), yet the API server's
     escalation check stops it granting what it does not hold: a RoleBinding to the ``admin``
-    ClusterRole, or a Role that lists Secrets, is forbidden in a namespace it watches; the gateway's
+    ClusterRole, or a Role that deletes Secrets, is forbidden in a namespace it watches; the gateway's
     Role (EndpointSlice reads) is allowed."""
     operator = Admin(Kube(control_plane.client(_operator_kubeconfig(control_plane, admin))))
     ns = WATCHED[0]
@@ -293,13 +295,13 @@ def test_operator_cannot_grant_more_than_it_holds(installed: str, admin: Admin, 
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": ns}],
     }
-    read_secrets = {
+    delete_secrets = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": {"name": "read-secrets"},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}],
+        "metadata": {"name": "delete-secrets"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["delete"]}],
     }
-    for path, body in ((f"{rbac}/rolebindings", grab_admin), (f"{rbac}/roles", read_secrets)):
+    for path, body in ((f"{rbac}/rolebindings", grab_admin), (f"{rbac}/roles", delete_secrets)):
         with pytest.raises(ApiError) as info:
             operator.create(path, body, dry_run=True)
         assert info.value.status == 403, body["metadata"]["name"]

@@ -49,8 +49,10 @@ def test_operator_rules_are_least_privilege() -> None:
     assert not verbs & {"escalate", "bind", "impersonate", "deletecollection"}
     secrets = [r for r in rules if "secrets" in r["resources"]]
     assert secrets
+    # get (key Secrets by name), list + watch (the tenant-key watch, label-selected by the operator),
+    # create + patch (its own Secrets); never update or delete
     for r in secrets:
-        assert set(r["verbs"]) == {"get", "create", "patch"}, r
+        assert set(r["verbs"]) == {"get", "list", "watch", "create", "patch"}, r
 
 
 def test_only_crd_reads_are_cluster_scoped() -> None:
