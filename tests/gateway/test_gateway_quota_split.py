@@ -17,8 +17,6 @@ holds the whole quota: the same load got 1.6x (printed by the second arm).
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 from gwtools import GatewayProcess, start_gateway
-from netports import free_port
+from quotatools import coordinator_process
 from sluiceway_core.quota import TenantQuota
 from sluiceway_core.quota_charter import QuotaCharter, sign_charter
 
@@ -43,31 +41,8 @@ SECONDS = 10.0
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    key = tmp_path / "quota-key"
-    key.write_bytes(QUOTA_KEY)
-    log = (tmp_path / "scaler.log").open("wb")
-    proc = subprocess.Popen([
-        sys.executable, "-m", "sluiceway_scaler.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-        "--metrics-port", "-1", "--quota-port", str(port), "--quota-lease-seconds", "3",
-        "--quota-key-file", str(key),
-    ], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the coordinator did not start:\n" + (tmp_path / "scaler.log").read_text())
-        time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait(10)
-    log.close()
+    with coordinator_process(tmp_path, QUOTA_KEY, 3.0) as (_proc, url):
+        yield url
 
 
 def _keys(tmp: Path) -> str:

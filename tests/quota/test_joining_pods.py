@@ -23,8 +23,6 @@ Bounded: two pod start-ups and ~8 s of load.
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -33,10 +31,12 @@ from typing import Any
 
 import httpx
 import pytest
-from podtools import PodProcess, free_port, infer_body, start_pod
+from podtools import PodProcess, infer_body, start_pod
+from quotatools import coordinator_process
 from sluiceway_core.quota import TenantQuota
 
-from .leases import quota_section, write_key
+from .leases import KEY as KEY_BYTES
+from .leases import quota_section
 
 KEY = "sk-heavy-0123456789"
 QUOTA = 10.0
@@ -45,31 +45,8 @@ LEASE = 6.0  # a renewal every 2 s: a pod that reports ready too early shows it 
 
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    key = write_key(tmp_path / "quota-key")
-    log = (tmp_path / "scaler.log").open("wb")
-    cmd = [
-        sys.executable, "-m", "sluiceway_scaler.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-        "--metrics-port", "-1", "--quota-port", str(port), "--quota-lease-seconds", str(LEASE),
-        "--quota-key-file", str(key),
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the coordinator did not start:\n" + (tmp_path / "scaler.log").read_text())
-        time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait(10)
-    log.close()
+    with coordinator_process(tmp_path, KEY_BYTES, LEASE) as (_proc, url):
+        yield url
 
 
 def pod_config(tmp_path: Path, url: str) -> dict[str, Any]:

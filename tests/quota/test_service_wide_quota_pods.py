@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import re
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,10 +21,12 @@ import httpx
 import pytest
 from podtools import PodProcess, free_port, infer_body, start_pod
 from promtools import PrometheusProcess, prometheus_missing
+from quotatools import coordinator_process
 from sluiceway_core.quota import TenantQuota
 from sluiceway_core.signals import Queries
 
-from .leases import quota_section, write_key
+from .leases import KEY as KEY_BYTES
+from .leases import quota_section
 
 KEYS = {"heavy": "sk-heavy-0123456789", "light": "sk-light-0123456789"}
 QUOTA = 20.0  # requests/s, service-wide, for each tenant
@@ -39,45 +40,8 @@ WINDOW_DOWN = (KILL_AT + LEASE + 2.0, END)  # every lease has run out: the fallb
 @pytest.fixture
 def coordinator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """The coordinator in a real ``sluiceway-scaler serve --quota-port --quota-key-file`` process."""
-    port = free_port()
-    log = (tmp_path / "scaler.log").open("wb")
-    key = write_key(tmp_path / "quota-key")
-    cmd = [
-        sys.executable,
-        "-m",
-        "sluiceway_scaler.cli",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--metrics-port",
-        "-1",
-        "--quota-port",
-        str(port),
-        "--quota-lease-seconds",
-        str(LEASE),
-        "--quota-key-file",
-        str(key),
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the coordinator did not start:\n" + (tmp_path / "scaler.log").read_text())
-        time.sleep(0.1)
-    yield proc, url
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
-    log.close()
+    with coordinator_process(tmp_path, KEY_BYTES, LEASE) as running:
+        yield running
 
 
 def pod_config(tmp_path: Path, url: str) -> dict[str, Any]:
