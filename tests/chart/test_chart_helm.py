@@ -643,8 +643,11 @@ def test_network_policies(all_on: list[dict[str, Any]]) -> None:
         },
         "matchExpressions": [{"key": "sluiceway.io/inferenceservice", "operator": "Exists"}],
     }
+    gateway_labelled = {**operator_labelled, "matchLabels": {**operator_labelled["matchLabels"],  # type: ignore[dict-item]
+                                                             "app.kubernetes.io/name": "sluiceway-gateway"}}
     assert quota["from"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}, "podSelector": operator_labelled}
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}, "podSelector": selector}
+        for selector in (operator_labelled, gateway_labelled)  # the gateway's replicas lease the edge's part
         for ns in ("team-a", "team-b")
     ]
     assert grpc["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}]

@@ -142,7 +142,7 @@ def test_one_scaler_replica_recreated_while_quotas_are_on(
 
 
 def test_quota_port_admits_operator_labelled_pods_only(helm: str, home: Path) -> None:
-    from sluiceway_operator.render import pod_labels
+    from sluiceway_operator.render import gateway_labels, pod_labels
 
     values = {"scaler": {"quota": {"enabled": True}}, "networkPolicy": {"enabled": True, "inferencePods": {
         "enabled": False}}}
@@ -151,14 +151,15 @@ def test_quota_port_admits_operator_labelled_pods_only(helm: str, home: Path) ->
     grpc_rule = next(r for r in rules if r["ports"] == [{"port": "grpc", "protocol": "TCP"}])
     assert grpc_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}]
     quota = next(r for r in rules if r["ports"] == [{"port": "quota", "protocol": "TCP"}])
-    (peer,) = quota["from"]
-    assert peer["namespaceSelector"] == {}  # every namespace when operator.namespaces is empty
-    selector = peer["podSelector"]
-    labels = pod_labels("demo")  # what the operator puts on an InferenceService's pods
-    assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
-    assert all(e["operator"] == "Exists" and e["key"] in labels for e in selector["matchExpressions"])
-    # a pod that only sets the old label (app.kubernetes.io/name) no longer matches
-    assert set(selector["matchLabels"]) > {"app.kubernetes.io/name"}
+    pods_peer, gateway_peer = quota["from"]  # the pods, and the gateway's replicas (their edge leases)
+    for peer, labels in ((pods_peer, pod_labels("demo")), (gateway_peer, gateway_labels("demo"))):
+        assert peer["namespaceSelector"] == {}  # every namespace when operator.namespaces is empty
+        selector = peer["podSelector"]  # what the operator puts on an InferenceService's pods / gateway
+        assert all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+        assert all(e["operator"] == "Exists" and e["key"] in labels for e in selector["matchExpressions"])
+        # a pod that only sets the old label (app.kubernetes.io/name) no longer matches
+        assert set(selector["matchLabels"]) > {"app.kubernetes.io/name"}
+    assert not all(gateway_labels("demo").get(k) == v for k, v in pods_peer["podSelector"]["matchLabels"].items())
 
 
 def test_operator_policy_and_prometheus_allow_list_reach_the_operator(
