@@ -204,10 +204,18 @@ def _now() -> str:
 class Reconciler:
     """Both paths for every InferenceService of one operator process (see the module docstring)."""
 
-    def __init__(self, config: OperatorConfig, kube: Kube, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: OperatorConfig,
+        kube: Kube,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
         self.config = config
         self.kube = kube
         self.clock = clock
+        #: Compared with the times the API server writes (how long a pod has been unschedulable).
+        self.wall_clock = wall_clock
         self._states: dict[str, ObjectState] = {}
         self._states_lock = threading.Lock()
 
@@ -655,8 +663,9 @@ class Reconciler:
             scaled_object = self.kube.get("keda.sh/v1alpha1", "ScaledObject", namespace, name)
             if scaled_object is not None and not controlled_by(scaled_object, uid):
                 scaled_object = None
+        # the Deployment's pods: ModelFetched (storage initializer) and PodsHealthy (why a pod cannot start)
         pods: list[dict[str, Any]] = []
-        if applied.model_fetch and deployment is not None:
+        if deployment is not None:
             pods = [p for p in self.kube.list_pods(namespace, selector_labels(name)) if controlled_pod(p, deployment)]
         sig = st.signals
         ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
@@ -694,6 +703,7 @@ class Reconciler:
             series_missing_seconds=missing,
             model_fetch=applied.model_fetch,
             pods=pods,
+            pods_read_at=self.wall_clock(),
             startup=st.startup,
         )
         previous = (st.status or body.get("status") or {}).get("conditions")

@@ -758,6 +758,9 @@ def build_deployment(
         "livenessProbe": _http_probe("/v2/health/live", 10, 3),
         "readinessProbe": _http_probe("/v2/health/ready", 5, 2),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        # A serving process that dies writes no termination file: the kubelet then takes the log's
+        # tail, whose last line (scrubbed, bounded) the PodsHealthy condition shows (status.py).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

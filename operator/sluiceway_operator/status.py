@@ -1,8 +1,9 @@
 """Pure status computation: what was observed -> the ``status`` of an InferenceService.
 
 Follows the API conventions: ``observedGeneration`` plus ``conditions[]`` (Ready, ConfigValid,
-Available, AutoscalingReady, and MetricsAvailable, which Ready does not include), each with a
-CamelCase reason and a message; no ``phase``. A condition's
+ModelFetched with a storage initializer, PodsHealthy, Available, AutoscalingReady, and
+MetricsAvailable, which Ready does not include), each with a CamelCase reason and a message; no
+``phase``. A condition's
 ``lastTransitionTime`` only changes when its status changes. No I/O, no clock (``now`` is passed).
 """
 
@@ -16,11 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "CRASH_RESTARTS",
     "METRICS_MISSING_SECONDS",
+    "POD_MESSAGE_MAX",
     "START_PHASES",
+    "UNSCHEDULABLE_SECONDS",
     "Cond",
     "Observed",
+    "PodProblem",
     "TenantQuota",
+    "build_pod_problems",
+    "build_pods_healthy",
     "build_startup",
     "compute_status",
     "fetch_message",
@@ -29,6 +36,7 @@ __all__ = [
     "merge_conditions",
     "newest_ready_pod",
     "scheduled_seconds",
+    "scrub_message",
 ]
 
 
@@ -91,8 +99,11 @@ class Observed:
     series_missing_seconds: float | None = None
     #: Whether a storage initializer fetches the model (``model.storageUri`` s3/http(s)).
     model_fetch: bool = False
-    #: The inference pods (their init containers' states), when ``model_fetch``.
+    #: The inference pods of the Deployment (their containers' states, their scheduling).
     pods: Sequence[Mapping[str, Any]] = ()
+    #: When the pods were listed (``PodsHealthy`` times how long a pod has been unschedulable);
+    #: None: the pods were not read and the condition is left out.
+    pods_read_at: datetime.datetime | None = None
     #: ``status.startup`` (:func:`build_startup`) as last measured; None = none measured yet.
     startup: Mapping[str, Any] | None = None
 
@@ -175,9 +186,7 @@ def _autoscaling(o: Observed) -> Cond:
                 "autoscaling.engine to builtin or none",
             )
         if o.scaled_object is None:
-            return Cond(
-                "AutoscalingReady", "Unknown", "ScaledObjectMissing", "the ScaledObject does not exist yet"
-            )
+            return Cond("AutoscalingReady", "Unknown", "ScaledObjectMissing", "the ScaledObject does not exist yet")
         ready = _find((o.scaled_object.get("status") or {}).get("conditions"), "Ready")
         if ready is None or ready.get("status") in (None, "Unknown"):
             return Cond(
@@ -203,12 +212,8 @@ def _autoscaling(o: Observed) -> Cond:
     if not o.signals_read:
         return Cond("AutoscalingReady", "Unknown", "SignalsPending", "waiting for the first read of the signals")
     if o.prometheus_error is not None:
-        return Cond(
-            "AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}"
-        )
-    return Cond(
-        "AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment"
-    )
+        return Cond("AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}")
+    return Cond("AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment")
 
 
 def _metrics_available(o: Observed) -> Cond:
@@ -298,12 +303,145 @@ def _model_fetched(o: Observed) -> Cond:
     return Cond(t, "Unknown", "FetchPending", f"the model was fetched by {done} of {len(o.pods)} pods so far")
 
 
+# -- PodsHealthy: why a pod cannot start (issue 20) -------------------------------------------------
+
+#: A pod the scheduler has refused for this long counts as unschedulable (shorter waits are a
+#: cluster autoscaler adding a node, or a scale-up racing a scale-down).
+UNSCHEDULABLE_SECONDS = 60.0
+#: A serving container that is not ready, has restarted at least this often and last exited
+#: non-zero is crash-looping even between the kubelet's back-offs (while it runs again).
+CRASH_RESTARTS = 2
+#: Longest text taken from a container's termination message or a kubelet/scheduler message.
+POD_MESSAGE_MAX = 300
+#: The kubelet's waiting reasons of a container that cannot start, most telling first.
+_CANNOT_START = (
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "InvalidImageName",
+    "ImagePullBackOff",
+    "ErrImagePull",
+)
+_SECRETISH = re.compile(
+    r"(?i)\b(token|password|passwd|secret|api[_-]?key|access[_-]?key|authorization|bearer)(\s*[=:]\s*|\s+)(?:(?:bearer|basic)\s+)?\S+"
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def scrub_message(text: str, limit: int = POD_MESSAGE_MAX) -> str:
+    """The last non-empty line of ``text`` (a termination message is a log tail: the last line is
+    the error), without control characters, URL user info or query strings, with the value after
+    ``token``, ``password``, ``secret``, ``api_key``, ``access_key``, ``authorization`` or
+    ``bearer`` replaced by ``<redacted>``, and at most ``limit`` characters (an ellipsis marks a
+    cut)."""
+    lines = [ln.strip() for ln in _CONTROL.sub(" ", text).splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    last = _QUERY.sub("", _USERINFO.sub("", last))
+    last = _SECRETISH.sub(lambda m: f"{m.group(1)}{m.group(2) if m.group(2).strip() else '='}<redacted>", last)
+    return last if len(last) <= limit else last[: limit - 1] + "\u2026"
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why one pod cannot start: ``reason`` is a condition reason (the kubelet's waiting reason,
+    ``CrashLoopBackOff``, or ``Unschedulable``), ``message`` names the pod and container."""
+
+    reason: str
+    pod: str
+    message: str
+
+
+def _container_problem(pod: str, c: Mapping[str, Any]) -> PodProblem | None:
+    state = c.get("state") or {}
+    waiting = state.get("waiting") or {}
+    last = (c.get("lastState") or {}).get("terminated") or {}
+    now_term = state.get("terminated") or {}
+    restarts = int(c.get("restartCount") or 0)
+    failed = last if int(last.get("exitCode") or 0) != 0 else now_term if int(now_term.get("exitCode") or 0) else {}
+    waiting_reason = str(waiting.get("reason") or "")
+    if waiting_reason in _CANNOT_START and waiting_reason != "CrashLoopBackOff":
+        detail = scrub_message(str(waiting.get("message") or ""))
+        return PodProblem(
+            waiting_reason,
+            pod,
+            f"pod {pod} container {c.get('name')}: {waiting_reason}" + (f": {detail}" if detail else ""),
+        )
+    crashing = waiting_reason == "CrashLoopBackOff" or (
+        bool(failed) and restarts >= CRASH_RESTARTS and not c.get("ready")
+    )
+    if not crashing:
+        return None
+    text = f"pod {pod} container {c.get('name')}: CrashLoopBackOff, {restarts} restarts"
+    if failed:
+        text += f", last exit {failed.get('exitCode')}"
+        if failed.get("reason"):
+            text += f" ({scrub_message(str(failed['reason']), 64)})"
+        detail = scrub_message(str(failed.get("message") or ""))
+        if detail:
+            text += f": {detail}"
+    return PodProblem("CrashLoopBackOff", pod, text)
+
+
+def _unschedulable(pod: str, p: Mapping[str, Any], now: datetime.datetime) -> PodProblem | None:
+    for c in (p.get("status") or {}).get("conditions") or []:
+        if c.get("type") != "PodScheduled" or c.get("status") != "False" or c.get("reason") != "Unschedulable":
+            continue
+        since = _time(c.get("lastTransitionTime"))
+        if since is None or (now - since).total_seconds() < UNSCHEDULABLE_SECONDS:
+            return None
+        waited = (now - since).total_seconds()
+        detail = scrub_message(str(c.get("message") or ""))
+        return PodProblem(
+            "Unschedulable", pod, f"pod {pod} cannot be scheduled for {waited:.0f}s" + (f": {detail}" if detail else "")
+        )
+    return None
+
+
+def build_pod_problems(pods: Sequence[Mapping[str, Any]], now: datetime.datetime) -> list[PodProblem]:
+    """Why pods cannot start, as the kubelet and the scheduler wrote it in their status (pure): a
+    serving container crash-looping (``CrashLoopBackOff`` waiting, or not ready after
+    :data:`CRASH_RESTARTS` restarts with a non-zero last exit: the reason, exit code and the last
+    line of its termination message, scrubbed), one that cannot be created or pulled (the
+    kubelet's waiting reason and message), or a pod refused by the scheduler for at least
+    :data:`UNSCHEDULABLE_SECONDS`. The storage initializer is left to ``ModelFetched``; pods being
+    deleted are skipped. Crash loops first, then the other container problems, then scheduling."""
+    rank = {r: i for i, r in enumerate(_CANNOT_START)}
+    out: list[PodProblem] = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = str(meta.get("name") or "?")
+        found = [
+            x
+            for x in (_container_problem(name, c) for c in (p.get("status") or {}).get("containerStatuses") or [])
+            if x is not None
+        ]
+        if not found:
+            late = _unschedulable(name, p, now)
+            found = [late] if late is not None else []
+        out.extend(found[:1])
+    return sorted(out, key=lambda x: (rank.get(x.reason, len(rank)), x.pod))
+
+
+def build_pods_healthy(pods: Sequence[Mapping[str, Any]], now: datetime.datetime) -> Cond:
+    """``PodsHealthy``: False with the first problem's reason and message (and how many pods have
+    one) when :func:`build_pod_problems` finds any; else True/``NoFailingPods``."""
+    t = "PodsHealthy"
+    problems = build_pod_problems(pods, now)
+    if problems:
+        first = problems[0]
+        more = f" ({len(problems)} of {len(pods)} pods cannot start)" if len(problems) > 1 else ""
+        return Cond(t, "False", first.reason, first.message + more)
+    live = sum(1 for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
+    return Cond(t, "True", "NoFailingPods", f"no pod is crash-looping or unschedulable ({live} pods)")
+
+
 def _ready(parts: Sequence[Cond]) -> Cond:
     for c in parts:
         if c.status == "False" or (c.status == "Unknown" and c.type != "AutoscalingReady"):
-            return Cond(
-                "Ready", "False" if c.status == "False" else "Unknown", c.reason, f"{c.type}: {c.message}"
-            )
+            return Cond("Ready", "False" if c.status == "False" else "Unknown", c.reason, f"{c.type}: {c.message}")
     return Cond("Ready", "True", "Ready", "configured, available and autoscaled as asked")
 
 
@@ -328,16 +466,17 @@ def merge_conditions(
     return out
 
 
-def compute_status(
-    o: Observed, previous_conditions: Sequence[Mapping[str, Any]] | None, now: str
-) -> dict[str, Any]:
+def compute_status(o: Observed, previous_conditions: Sequence[Mapping[str, Any]] | None, now: str) -> dict[str, Any]:
     """The full ``status`` to write (a merge patch of the status subresource)."""
     cv, av, au = _config_valid(o), _available(o), _autoscaling(o)
+    # in Ready's order: what is configured, fetched, started, available, autoscaled
+    parts = [cv]
     if o.model_fetch:
-        mf = _model_fetched(o)
-        conds = [_ready([cv, mf, av, au]), cv, mf, av, au, _metrics_available(o)]
-    else:
-        conds = [_ready([cv, av, au]), cv, av, au, _metrics_available(o)]
+        parts.append(_model_fetched(o))
+    if o.pods_read_at is not None:
+        parts.append(build_pods_healthy(o.pods, o.pods_read_at))
+    parts += [av, au]
+    conds = [_ready(parts), *parts, _metrics_available(o)]
     dstatus = (o.deployment or {}).get("status") or {}
     concurrency = str(round(o.live_permits)) if o.live_permits is not None else str(o.spec_permits)
     status: dict[str, Any] = {
@@ -392,9 +531,7 @@ def _images(spec: Mapping[str, Any]) -> list[Any]:
     return [c.get("image") for c in spec.get("containers") or []]
 
 
-def newest_ready_pod(
-    pods: Sequence[Mapping[str, Any]], deployment: Mapping[str, Any]
-) -> Mapping[str, Any] | None:
+def newest_ready_pod(pods: Sequence[Mapping[str, Any]], deployment: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The ready pod of the Deployment's current revision (its template's config hash and images)
     that became ready last; None when there is none."""
     tpl = (deployment.get("spec") or {}).get("template") or {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,7 @@ def _keys(admin: Admin, name: str) -> str:
 # ------------------------------------------------------------------------------ tenant-key watch
 
 
-def test_a_rotated_key_reaches_the_key_file_within_seconds_without_a_rollout(
-    admin: Admin, operator_log: Path
-) -> None:
+def test_a_rotated_key_reaches_the_key_file_within_seconds_without_a_rollout(admin: Admin, operator_log: Path) -> None:
     """With the drift tick at an hour, only the Secret watch can carry the rotation: the new key's
     hash is in ``<name>-keys`` (mounted by the pods and by the gateway, which reload it in place)
     within :data:`PROMPT` seconds, the old one is gone, and neither Deployment's template changes
@@ -142,9 +141,7 @@ def test_a_rotated_key_reaches_the_key_file_within_seconds_without_a_rollout(
     assert "rotor-second-key-value" not in text and "rotor-third-key-value" not in text
 
 
-def test_a_key_secret_that_gains_its_label_later_is_picked_up_within_seconds(
-    admin: Admin, operator_log: Path
-) -> None:
+def test_a_key_secret_that_gains_its_label_later_is_picked_up_within_seconds(admin: Admin, operator_log: Path) -> None:
     """An unlabelled key Secret is not the operator's to read (``TenantKeyUnavailable``, nothing
     rendered); once its owner labels it, the watch (which selects by that label) sees it ADDED and
     the service is rendered within :data:`PROMPT` seconds. A Secret that never gets the label
@@ -164,3 +161,143 @@ def test_a_key_secret_that_gains_its_label_later_is_picked_up_within_seconds(
     print(f"\nlabelled: ConfigValid True after {time.monotonic() - start:.2f}s (drift tick {DRIFT}s)")
     assert parse_keys_text(_keys(admin, name)).lookup("consent-key-value") == "late"
     admin.call("DELETE", f"{GVP}/{name}")
+
+
+# ------------------------------------------------------------------------------ why a pod cannot start
+
+
+def _now_minus(seconds: float) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_an_unschedulable_then_crash_looping_pod_says_why_in_ready(admin: Admin, operator_log: Path) -> None:
+    """Issue 20: the Deployment's pod, with its status written as the scheduler writes it
+    (``PodScheduled`` False/``Unschedulable`` for two minutes) and then, once bound to a node, as
+    the kubelet writes a crash loop (``CrashLoopBackOff`` waiting, ``lastState.terminated`` exit 1
+    with the log's tail as its message): ``PodsHealthy`` and ``Ready`` carry the reason and the
+    last line of the message, without the credential in the log; a recovered pod turns it True."""
+    name = "crashy"
+    admin.create(GVP, _isvc(name))
+    pod = wait_for(
+        lambda: (
+            admin.call(
+                "GET",
+                f"/api/v1/namespaces/{NS}/pods",
+                query=[("labelSelector", f"sluiceway.io/inferenceservice={name}")],
+            )["items"]
+            or [None]
+        )[0],
+        60,
+        what="the Deployment's pod (the controller-manager)",
+    )
+    pod_name = pod["metadata"]["name"]
+    pod_path = f"/api/v1/namespaces/{NS}/pods/{pod_name}"
+    start = time.monotonic()
+    scheduler = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available.",
+        "lastTransitionTime": _now_minus(120),
+    }
+    admin.call(
+        "PATCH",
+        pod_path + "/status",
+        body=[
+            {"op": "add", "path": "/status/conditions", "value": [scheduler]},
+            {"op": "replace", "path": "/status/phase", "value": "Pending"},
+        ],
+    )
+
+    def ready(reason: str) -> dict[str, Any] | None:
+        c = _cond(admin, name, "Ready")
+        return c if c is not None and c["status"] == "False" and c["reason"] == reason else None
+
+    cond = wait_for(lambda: ready("Unschedulable"), 30, what="Ready False/Unschedulable")
+    print(f"\nunschedulable after {time.monotonic() - start:.2f}s: {cond['message']}")
+    assert cond["message"].startswith(f"PodsHealthy: pod {pod_name} cannot be scheduled for ")
+    assert "Insufficient nvidia.com/gpu" in cond["message"]
+
+    # the scheduler binds it (a Node of its own), the kubelet starts it and it crash-loops
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-watch"}}
+    if admin.get("/api/v1/nodes/gpu-node-watch") is None:
+        admin.create("/api/v1/nodes", node)
+    admin.create(
+        pod_path + "/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod_name},
+            "target": {"kind": "Node", "name": "gpu-node-watch"},
+        },
+    )
+    tail = (
+        "INFO sluiceway-pod serve: loading model synthetic:10\n"
+        "DEBUG fetching https://user:hunter2@store.example/m.pt?X-Amz-Signature=s3cr3t\n"
+        "Traceback (most recent call last):\n"
+        "RuntimeError: CUDA error: out of memory; token=tok-live-0123\n"
+    )
+    container = {
+        "name": "sluiceway-pod",
+        "image": "registry.example/sluiceway-pod:test",
+        "imageID": "",
+        "ready": False,
+        "started": False,
+        "restartCount": 5,
+        "state": {
+            "waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off 2m40s restarting failed container=sluiceway-pod pod={pod_name}_{NS}(x)",
+            }
+        },
+        "lastState": {
+            "terminated": {
+                "exitCode": 1,
+                "reason": "Error",
+                "message": tail,
+                "startedAt": _now_minus(20),
+                "finishedAt": _now_minus(15),
+                "containerID": "containerd://0123",
+            }
+        },
+    }
+    scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now_minus(60)}
+    start = time.monotonic()
+    admin.call(
+        "PATCH",
+        pod_path + "/status",
+        body=[
+            {"op": "replace", "path": "/status/conditions", "value": [scheduled]},
+            {"op": "replace", "path": "/status/phase", "value": "Running"},
+            {"op": "add", "path": "/status/containerStatuses", "value": [container]},
+        ],
+    )
+    cond = wait_for(lambda: ready("CrashLoopBackOff"), 30, what="Ready False/CrashLoopBackOff")
+    print(f"crash loop after {time.monotonic() - start:.2f}s: {cond['message']}")
+    assert cond["message"] == (
+        f"PodsHealthy: pod {pod_name} container sluiceway-pod: CrashLoopBackOff, 5 restarts, last exit 1 (Error): "
+        "RuntimeError: CUDA error: out of memory; token=<redacted>"
+    )
+    health = _cond(admin, name, "PodsHealthy")
+    assert health is not None and health["status"] == "False" and health["reason"] == "CrashLoopBackOff"
+    obj = admin.get(f"{GVP}/{name}")
+    assert "phase" not in obj["status"] and health["observedGeneration"] == obj["metadata"]["generation"]
+    text = str(obj["status"]) + operator_log.read_text(errors="replace")
+    for secret in ("hunter2", "s3cr3t", "tok-live-0123"):
+        assert secret not in text, secret
+
+    # the kubelet reports it running and ready: PodsHealthy True
+    container |= {
+        "ready": True,
+        "started": True,
+        "restartCount": 6,
+        "state": {"running": {"startedAt": _now_minus(3)}},
+    }
+    admin.call(
+        "PATCH",
+        pod_path + "/status",
+        body=[{"op": "replace", "path": "/status/containerStatuses", "value": [container]}],
+    )
+    wait_for(lambda: (_cond(admin, name, "PodsHealthy") or {}).get("status") == "True", 30, what="PodsHealthy True")
+    admin.call("DELETE", f"{GVP}/{name}")
+    admin.call("DELETE", "/api/v1/nodes/gpu-node-watch")
