@@ -94,9 +94,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, kube: Kube
         if type == "DELETED" and "reconciler" in holder:
             reconciler().forget(body["metadata"]["uid"])
 
-    @kopf.on.event("v1", "secrets", labels={TENANT_KEY_LABEL: "true"}, registry=registry)
+    @kopf.on.event("v1", "secrets", registry=registry)
     def _key_secret(type: str | None, body: kopf.Body, **_: Any) -> None:
+        # The API server sends only labelled Secrets (the watch's selector), and DELETED when one
+        # loses its label; that body may show the label gone, so it is checked on the others only.
         meta = body.get("metadata") or {}
+        if type != "DELETED" and (meta.get("labels") or {}).get(TENANT_KEY_LABEL) != "true":
+            return
         if "keys" not in holder or not versions.changed(type, meta):
             return
         for uid in tracker.using_key_secret(str(meta.get("namespace") or ""), str(meta.get("name") or "")):

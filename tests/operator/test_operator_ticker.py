@@ -192,3 +192,16 @@ def test_debouncer_thread_runs_a_poke_and_stops() -> None:
         assert done.wait(10)
         d.stop()
         assert not d._thread.is_alive()
+
+
+def test_the_secret_watch_asks_the_api_server_for_labelled_secrets_only() -> None:
+    """The label selector goes into kopf's watch and list requests for core Secrets (RBAC cannot
+    select by label), and into nothing else the operator watches."""
+    import kopf
+    from sluiceway_operator.settings import apply_kopf_settings
+
+    settings = kopf.OperatorSettings()
+    apply_kopf_settings(settings)
+    selectors = settings.watching.label_selectors
+    assert selectors.collect(kopf.Resource("", "v1", "secrets", namespaced=True)) == ["sluiceway.io/tenant-key=true"]
+    assert selectors.collect(kopf.Resource("sluiceway.io", "v1alpha1", "inferenceservices", namespaced=True)) == []

@@ -144,8 +144,9 @@ def test_a_rotated_key_reaches_the_key_file_within_seconds_without_a_rollout(adm
 def test_a_key_secret_that_gains_its_label_later_is_picked_up_within_seconds(admin: Admin, operator_log: Path) -> None:
     """An unlabelled key Secret is not the operator's to read (``TenantKeyUnavailable``, nothing
     rendered); once its owner labels it, the watch (which selects by that label) sees it ADDED and
-    the service is rendered within :data:`PROMPT` seconds. A Secret that never gets the label
-    reaches the operator by no watch (the API server filters)."""
+    the service is rendered within :data:`PROMPT` seconds; removing the label again (the watch then
+    reports the Secret DELETED) gives ``TenantKeyUnavailable`` as promptly. A Secret that never gets
+    the label reaches the operator by no watch (the API server filters)."""
     name = "consent"
     _secret(admin, "consent-key", "consent-key-value", labelled=False)
     admin.create(GVP, _isvc(name, tenants=[{"name": "late", "keySecretRef": {"name": "consent-key"}}]))
@@ -160,6 +161,18 @@ def test_a_key_secret_that_gains_its_label_later_is_picked_up_within_seconds(adm
     wait_for(lambda: (_cond(admin, name, "ConfigValid") or {}).get("status") == "True", PROMPT, what="ConfigValid")
     print(f"\nlabelled: ConfigValid True after {time.monotonic() - start:.2f}s (drift tick {DRIFT}s)")
     assert parse_keys_text(_keys(admin, name)).lookup("consent-key-value") == "late"
+    # consent withdrawn: the watch's DELETED (the Secret no longer matches its selector) re-applies
+    start = time.monotonic()
+    admin.call(
+        "PATCH", f"/api/v1/namespaces/{NS}/secrets/consent-key", body=[{"op": "remove", "path": "/metadata/labels"}]
+    )
+    cond = wait_for(
+        lambda: (c := _cond(admin, name, "ConfigValid")) is not None and c["status"] == "False" and c,
+        PROMPT,
+        what="ConfigValid False once the label is removed",
+    )
+    assert cond["reason"] == "TenantKeyUnavailable"
+    print(f"unlabelled: ConfigValid False/TenantKeyUnavailable after {time.monotonic() - start:.2f}s")
     admin.call("DELETE", f"{GVP}/{name}")
 
 
