@@ -3,7 +3,8 @@
 # Debian's prometheus (prometheus + promtool), the Python package with its extras (torch comes from
 # PyPI; pip's cache serves later runs), and the Go-built control plane and helm (cached under
 # ~/.cache/sluiceway, keyed by version and go.sum, so only a new machine rebuilds them), and the
-# fetch tests' S3 server, s3proxy, from Maven Central (Java and Maven from Debian when missing).
+# fetch tests' S3 server, s3proxy, from Maven Central (Java and Maven from Debian when missing), and
+# their OCI registry (distribution's, built from its Go module).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
@@ -33,4 +34,6 @@ if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   # The sandbox's Prometheus: Debian's lacks kubernetes_sd_configs (the scaler tests keep Debian's).
   echo "prometheus (sandbox): $(tools/build-prometheus.sh)"
   echo "s3proxy (fetch tests): $(tools/build-s3.sh)"
+  # The oci:// fetch tests' registry: distribution's cmd/registry, built from its Go module.
+  echo "registry (oci:// fetch tests): $(tools/build-registry.sh)"
 fi

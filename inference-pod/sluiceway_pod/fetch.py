@@ -9,13 +9,21 @@ Stores:
                                    (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``), ``--region``
                                    (``AWS_REGION``/``AWS_DEFAULT_REGION``, default us-east-1),
                                    ``--addressing path|virtual``; requests are signed with SigV4
+    ``oci://host[:port]/repo[/more]:tag``  an OCI artifact (``@sha256:<hex>`` in place of ``:tag``
+                                   pins the manifest) from a registry speaking the OCI distribution
+                                   API, in the layout ``oras push`` writes: each layer with an
+                                   ``org.opencontainers.image.title`` annotation is one file of that
+                                   name, its blob verified against the layer's digest. Anonymous,
+                                   Basic or Bearer (the token dance) auth; https unless the URI is
+                                   ``oci+http://`` (a registry without TLS, on a trusted network)
     https: the system's CAs, or ``--ca-file`` (``AWS_CA_BUNDLE``) for a private store's CA
 
 Credentials: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN`` from the
 environment, or from files of those names in ``--credentials-dir`` (a mounted Secret whose keys
-are those names). None -> unsigned requests (a public bucket). They never appear in any output:
-store messages are reduced to their code and message and scrubbed of both keys, and URLs are
-printed without user info or query string.
+are those names). None -> unsigned requests (a public bucket). A registry's: ``REGISTRY_USERNAME``/
+``REGISTRY_PASSWORD``, from the same directory or the environment. They never appear in any output:
+store messages are reduced to their code and message and scrubbed of every credential (and of a
+registry's token), and URLs are printed without user info or query string.
 
 Each file is written to ``NAME.part`` and renamed when complete and verified. A broken transfer is
 retried (``--retries``, exponential backoff) from where it stopped with ``Range``; a ``.part`` left by
@@ -43,6 +51,7 @@ import hmac
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import sys
@@ -112,6 +121,155 @@ def load_credentials(env: Mapping[str, str], credentials_dir: str | None) -> Cre
             raise FetchError("bad-request", "credentials need both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
         return None
     return Credentials(values["AWS_ACCESS_KEY_ID"], values["AWS_SECRET_ACCESS_KEY"], values.get("AWS_SESSION_TOKEN"))
+
+
+@dataclass(frozen=True)
+class RegistryCredentials:
+    """A registry's user and password (Basic, or Basic to its token service)."""
+
+    username: str
+    password: str
+
+    def basic(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+    def secrets(self) -> list[str]:
+        return [self.password, self.username, self.basic().split(" ", 1)[1]]
+
+
+def load_registry_credentials(env: Mapping[str, str], credentials_dir: str | None) -> RegistryCredentials | None:
+    """``REGISTRY_USERNAME``/``REGISTRY_PASSWORD`` from ``credentials_dir`` files when given (a
+    mounted Secret), else the environment; both or neither."""
+    names = ("REGISTRY_USERNAME", "REGISTRY_PASSWORD")
+    values: dict[str, str] = {}
+    if credentials_dir:
+        for n in names:
+            f = Path(credentials_dir) / n
+            if f.is_file():
+                values[n] = f.read_text().strip()
+    else:
+        values = {n: env[n] for n in names if env.get(n)}
+    if not values:
+        return None
+    if not values.get("REGISTRY_USERNAME") or not values.get("REGISTRY_PASSWORD"):
+        raise FetchError("bad-request", "registry credentials need both REGISTRY_USERNAME and REGISTRY_PASSWORD")
+    return RegistryCredentials(values["REGISTRY_USERNAME"], values["REGISTRY_PASSWORD"])
+
+
+# ---------------------------------------------------------------- OCI references and manifests (pure)
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_ARTIFACT = "application/vnd.oci.artifact.manifest.v1+json"
+OCI_INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+TITLE = "org.opencontainers.image.title"
+MAX_MANIFEST = 4 * 1024 * 1024  # what the distribution registry itself accepts
+_REPO = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class OciRef:
+    """``oci://host[:port]/repo:tag`` or ``…/repo@sha256:<hex>`` (``oci+http://``: no TLS)."""
+
+    scheme: str  # the registry's: https, or http for oci+http://
+    host: str  # host[:port]
+    repository: str
+    reference: str  # a tag, or sha256:<hex>
+
+    @property
+    def pinned(self) -> bool:
+        return self.reference.startswith("sha256:")
+
+
+def parse_oci(uri: str, insecure: bool = False) -> OciRef:
+    """Parse an ``oci://`` URI; :class:`FetchError` ``bad-request`` names what is wrong."""
+    u = urlsplit(uri)
+    if u.scheme not in ("oci", "oci+http"):
+        raise FetchError("bad-request", f"not an oci:// URI: {u.scheme!r}")
+    if "@" in u.netloc:
+        raise FetchError("bad-request", "oci:// URI with user info: give REGISTRY_USERNAME/REGISTRY_PASSWORD instead")
+    if not u.netloc or u.query or u.fragment:
+        raise FetchError("bad-request", "oci:// URI must be oci://host[:port]/repository:tag (or @sha256:<hex>)")
+    path = u.path.lstrip("/")
+    if "@" in path:
+        repo, _, ref = path.partition("@")
+        if not _SHA256.fullmatch(ref):
+            raise FetchError("bad-request", f"oci:// digest {ref!r}: expected sha256:<64 lowercase hex>")
+    else:
+        repo, sep, ref = path.rpartition(":")
+        if not sep or "/" in ref:
+            raise FetchError(
+                "bad-request", f"oci://{u.netloc}/{path}: name a tag (repository:tag) or a digest (@sha256:...)"
+            )
+        if not _TAG.fullmatch(ref):
+            raise FetchError("bad-request", f"oci:// tag {ref!r} is not a valid tag")
+    if not _REPO.fullmatch(repo):
+        raise FetchError("bad-request", f"oci:// repository {repo!r} is not a valid name (lowercase, '/'-separated)")
+    scheme = "http" if insecure or u.scheme == "oci+http" else "https"
+    return OciRef(scheme, u.netloc, repo, ref)
+
+
+@dataclass(frozen=True)
+class OciFile:
+    name: str  # the layer's title: the file's name under dest
+    digest: str  # sha256 hex of the blob
+    size: int
+
+
+def oci_layout(body: bytes, content_type: str) -> list[OciFile]:
+    """The files of an ORAS-style manifest: each layer (``blobs`` of an artifact manifest) with an
+    ``org.opencontainers.image.title`` annotation is one file of that name. Anything else (an
+    index, a layer without a title, a title that is a path, a directory layer) is ``store-error``."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise FetchError("store-error", "the manifest is not JSON") from None
+    if not isinstance(doc, dict):
+        raise FetchError("store-error", "the manifest is not a JSON object")
+    media = doc.get("mediaType") or content_type.split(";")[0].strip()
+    if media in OCI_INDEXES:
+        raise FetchError("store-error", f"the reference names an index ({media}): name one manifest by its digest")
+    if media == OCI_ARTIFACT:
+        layers = doc.get("blobs")
+    elif media == OCI_MANIFEST:
+        layers = doc.get("layers")
+    else:
+        raise FetchError("store-error", f"unsupported manifest media type {media!r}: expected {OCI_MANIFEST}")
+    if not isinstance(layers, list) or not layers:
+        raise FetchError("store-error", "the manifest has no layers")
+    files: list[OciFile] = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict):
+            raise FetchError("store-error", f"layer {i} is not an object")
+        notes = layer.get("annotations") or {}
+        title = notes.get(TITLE) if isinstance(notes, dict) else None
+        digest, size = layer.get("digest"), layer.get("size")
+        if not isinstance(title, str) or not title:
+            raise FetchError(
+                "store-error", f"layer {i} ({digest}) has no {TITLE} annotation: push files with oras push"
+            )
+        if "/" in title or "\\" in title or title in (".", "..") or "\0" in title or title.startswith(".sluiceway"):
+            raise FetchError("store-error", f"layer {i} title {title!r} is not a plain file name")
+        if str(notes.get("io.deis.oras.content.unpack", "")).lower() == "true":
+            raise FetchError("store-error", f"layer {i} ({title!r}) is a directory archive: push its files one by one")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise FetchError("store-error", f"layer {i} ({title!r}) digest {digest!r}: only sha256 is supported")
+        if not isinstance(size, int) or size < 0:
+            raise FetchError("store-error", f"layer {i} ({title!r}) has no valid size")
+        if any(f.name == title for f in files):
+            raise FetchError("store-error", f"two layers are titled {title!r}")
+        files.append(OciFile(title, digest.split(":", 1)[1], size))
+    return files
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """``WWW-Authenticate: Bearer realm="…",service="…",scope="…"`` -> ("bearer", {realm: …, …})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {k.lower(): v for k, v in re.findall(r'([A-Za-z_]+)\s*=\s*"([^"]*)"', rest)}
+    for k, v in re.findall(r'([A-Za-z_]+)\s*=\s*([^",\s]+)', rest):
+        params.setdefault(k.lower(), v)
+    return scheme.lower(), params
 
 
 # ---------------------------------------------------------------- SigV4 (pure)
@@ -214,6 +372,8 @@ class Options:
     timeout: float = 30.0
     limit_rate: int | None = None  # bytes per second, None for unlimited
     ca_file: str | None = None  # PEM bundle trusted for https (a private store's CA)
+    registry_credentials: RegistryCredentials | None = None  # oci:// Basic, or Basic to the token service
+    insecure_registry: bool = False  # oci:// over plain http (as oci+http:// does)
     progress_every: float = 2.0  # seconds between progress lines
 
 
@@ -222,6 +382,7 @@ class Item:
     name: str  # relative path under dest
     target: Target
     size: int | None
+    sha256: str | None = None  # what the store itself says the content's digest is (an OCI layer's)
 
 
 class Fetcher:
@@ -240,16 +401,28 @@ class Fetcher:
         self.clock, self.sleep, self.utcnow = clock, sleep, utcnow
         self.dest = Path(opts.dest)
         self._written = 0  # bytes on disk under dest for this fetch (size limit)
+        self._oci: OciRef | None = None
+        self._oci_auth: str | None = None  # the Authorization header the registry accepted
+        self._oci_manifest: str | None = None  # sha256 hex of the manifest fetched
+        self._oci_items: list[Item] | None = None
 
     # -- messages
+    def _scrub(self, text: str) -> str:
+        if self.o.credentials:
+            text = self.o.credentials.scrub(text)
+        secrets = self.o.registry_credentials.secrets() if self.o.registry_credentials else []
+        if self._oci_auth:
+            secrets.append(self._oci_auth.split(" ", 1)[-1])
+        for secret in sorted(secrets, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
     def say(self, line: str) -> None:
-        text = self.o.credentials.scrub(line) if self.o.credentials else line
-        print(text, file=self.out, flush=True)
+        print(self._scrub(line), file=self.out, flush=True)
 
     def _fail(self, reason: str, detail: str, retry: bool = False) -> FetchError:
-        if self.o.credentials:
-            detail = self.o.credentials.scrub(detail)
-        return FetchError(reason, detail, retry)
+        return FetchError(reason, self._scrub(detail), retry)
 
     # -- addressing
     def _s3_target(self, bucket: str, key: str, query: dict[str, str] | None = None) -> Target:
@@ -274,6 +447,8 @@ class Fetcher:
         q = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(t.query.items()))
         conn = _connect(t, self.o.timeout, self.o.ca_file)
         headers = {**t.headers, **(extra or {}), **self._sign(method, t), "user-agent": "sluiceway-pod-fetch"}
+        if self._oci_auth and self._oci is not None and t.host == self._oci.host and t.scheme == self._oci.scheme:
+            headers.setdefault("authorization", self._oci_auth)  # the registry's own host only
         try:
             conn.request(method, t.path + (f"?{q}" if q else ""), headers=headers)
             resp = conn.getresponse()
@@ -288,13 +463,20 @@ class Fetcher:
             raise
         return conn, resp
 
-    def _get(
-        self, t: Target, extra: dict[str, str]
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _get(self, t: Target, extra: dict[str, str]) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """GET, following up to 5 redirects of an http(s) store (a CDN behind a release URL). The
-        basic-auth header goes only to the host that was named; signed S3 requests are not redirected."""
-        for _ in range(6):
+        basic-auth header goes only to the host that was named; signed S3 requests are not redirected.
+        A registry's 401 is answered once per call with its challenge (:meth:`_authenticate`)."""
+        authenticated = False
+        for _ in range(7):
             conn, resp = self._request("GET", t, extra)
+            if resp.status == 401 and not authenticated and self._oci is not None and t.host == self._oci.host:
+                challenge = resp.getheader("www-authenticate") or ""
+                resp.read()
+                conn.close()
+                self._authenticate(challenge, t)
+                authenticated = True
+                continue
             location = resp.getheader("location")
             if resp.status not in (301, 302, 303, 307, 308) or not location or self.o.uri.startswith("s3://"):
                 return conn, resp
@@ -307,6 +489,52 @@ class Fetcher:
             t = Target(u.scheme, u.netloc, (u.path or "/") + (f"?{u.query}" if u.query else ""), {}, headers)
         raise self._fail("store-error", f"{t.shown()}: more than 5 redirects")
 
+    def _authenticate(self, challenge: str, t: Target) -> None:
+        """Answer a registry's 401: Basic with the credentials, or Bearer: GET a token from the
+        challenge's realm (with the credentials as Basic when there are any, anonymous otherwise)."""
+        scheme, params = parse_challenge(challenge)
+        creds = self.o.registry_credentials
+        if scheme == "basic":
+            if creds is None:
+                raise self._fail(
+                    "access-denied",
+                    f"{t.shown()}: the registry needs credentials (REGISTRY_USERNAME/REGISTRY_PASSWORD)",
+                )
+            self._oci_auth = creds.basic()
+            return
+        if scheme != "bearer" or not params.get("realm"):
+            raise self._fail("access-denied", f"{t.shown()}: HTTP 401 with an unsupported challenge {scheme!r}")
+        realm = urlsplit(params["realm"])
+        if realm.scheme not in ("http", "https") or not realm.netloc:
+            raise self._fail("store-error", f"{t.shown()}: the token realm {params['realm']!r} is not an http(s) URL")
+        if realm.scheme == "http" and t.scheme == "https" and creds is not None:
+            raise self._fail(
+                "store-error", f"{t.shown()}: the token realm is plain http; not sending credentials there"
+            )
+        query = {k: params[k] for k in ("service", "scope") if params.get(k)}
+        if "scope" not in query and self._oci is not None:
+            query["scope"] = f"repository:{self._oci.repository}:pull"
+        if realm.query:
+            query.update(dict(p.split("=", 1) for p in realm.query.split("&") if "=" in p))
+        token_target = Target(realm.scheme, realm.netloc, realm.path or "/", query)
+        if creds is not None:
+            token_target.headers["authorization"] = creds.basic()
+        conn, resp = self._request("GET", token_target)
+        try:
+            if resp.status != 200:
+                err = self._store_error(token_target, resp)
+                raise self._fail(err.reason, f"the token service: {err.detail}", err.retry)
+            try:
+                doc = json.loads(resp.read(1024 * 1024))
+            except ValueError:
+                raise self._fail("store-error", f"{token_target.shown()}: the token service answered no JSON") from None
+        finally:
+            conn.close()
+        token = (doc.get("token") or doc.get("access_token")) if isinstance(doc, dict) else None
+        if not isinstance(token, str) or not token:
+            raise self._fail("store-error", f"{token_target.shown()}: the token service answered no token")
+        self._oci_auth = f"Bearer {token}"
+
     def _store_error(self, t: Target, resp: http.client.HTTPResponse) -> FetchError:
         body = resp.read(64 * 1024)
         code = message = ""
@@ -317,10 +545,16 @@ class Fetcher:
                 message = root.findtext("Message") or ""
             except ET.ParseError:
                 pass
+        elif body.lstrip().startswith(b"{"):  # the distribution API's {"errors": [{"code", "message"}]}
+            try:
+                first = (json.loads(body).get("errors") or [{}])[0]
+                code, message = str(first.get("code") or ""), str(first.get("message") or "")
+            except (ValueError, AttributeError, IndexError, TypeError):
+                pass
         what = f"{t.shown()}: HTTP {resp.status}" + (f" {code}" if code else "") + (f": {message}" if message else "")
-        if resp.status == 404 or code in ("NoSuchKey", "NoSuchBucket"):
+        if resp.status == 404 or code in ("NoSuchKey", "NoSuchBucket", "MANIFEST_UNKNOWN", "NAME_UNKNOWN"):
             return self._fail("no-such-key", what)
-        if resp.status in (401, 403):
+        if resp.status in (401, 403) or code in ("UNAUTHORIZED", "DENIED"):
             return self._fail("access-denied", what)
         if resp.status >= 500 or resp.status in (408, 429):
             return self._fail("store-unreachable", what, retry=True)
@@ -355,8 +589,10 @@ class Fetcher:
             if u.query:  # a presigned URL: the query travels as is and is never shown
                 t.path += "?" + u.query
             return [Item(name, t, None)]
+        if u.scheme in ("oci", "oci+http"):
+            return self._oci_resolve()
         if u.scheme != "s3":
-            raise self._fail("bad-request", f"unsupported URI scheme {u.scheme!r}: use s3://, http:// or https://")
+            raise self._fail("bad-request", f"unsupported URI scheme {u.scheme!r}: use s3://, http(s):// or oci://")
         bucket, key = u.netloc, u.path.lstrip("/")
         if not bucket:
             raise self._fail("bad-request", "s3:// URI without a bucket")
@@ -408,6 +644,45 @@ class Fetcher:
         if not listed:
             raise self._fail("no-such-key", f"s3://{bucket}/{key}: no such key, and no objects under {prefix!r}")
         return listed
+
+    def _oci_resolve(self) -> list[Item]:
+        """GET the manifest (once per fetch) and list its files, each with the layer's digest."""
+        if self._oci_items is not None:
+            return self._oci_items
+        ref = self._oci = parse_oci(self.o.uri, self.o.insecure_registry)
+        base = f"/v2/{ref.repository}"
+        t = Target(ref.scheme, ref.host, f"{base}/manifests/{ref.reference}")
+        t.headers["accept"] = f"{OCI_MANIFEST}, {OCI_ARTIFACT}, {OCI_INDEXES[0]}"
+        got: list[tuple[str, bytes]] = []
+
+        def once() -> None:
+            conn, resp = self._get(t, {})
+            try:
+                if resp.status != 200:
+                    raise self._store_error(t, resp)
+                body = resp.read(MAX_MANIFEST + 1)
+                ctype = resp.getheader("content-type") or ""
+            except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
+                raise self._fail("store-unreachable", f"{t.shown()}: {type(e).__name__}", retry=True) from None
+            finally:
+                conn.close()
+            got[:] = [(ctype, body)]
+
+        self._with_retries(once)
+        ctype, body = got[0]
+        if len(body) > MAX_MANIFEST:
+            raise self._fail("store-error", f"{t.shown()}: the manifest is larger than {MAX_MANIFEST} bytes")
+        hexd = hashlib.sha256(body).hexdigest()
+        if ref.pinned and ref.reference != f"sha256:{hexd}":
+            raise self._fail("digest-mismatch", f"{t.shown()}: the manifest's sha256 is {hexd}")
+        self._oci_manifest = hexd
+        files = oci_layout(body, ctype)
+        self.say(f"fetch: manifest sha256:{hexd}, {len(files)} file(s)")
+        self._oci_items = [
+            Item(f.name, Target(ref.scheme, ref.host, f"{base}/blobs/sha256:{f.digest}"), f.size, f.digest)
+            for f in files
+        ]
+        return self._oci_items
 
     def _head(self, bucket: str, key: str) -> Item | None:
         t = self._s3_target(bucket, key)
@@ -538,11 +813,13 @@ class Fetcher:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
         hexd = digest.hexdigest()
-        want = self.o.sha256.get(item.name) or self.o.sha256.get("")
-        if want is not None and want.lower() != hexd:
-            part.unlink()
-            meta.unlink(missing_ok=True)
-            raise self._fail("digest-mismatch", f"{item.name}: sha256 is {hexd}, expected {want.lower()}")
+        given = self.o.sha256.get(item.name) or self.o.sha256.get("")
+        for want, whose in ((item.sha256, " (the manifest's digest)"), (given, "")):
+            if want is not None and want.lower() != hexd:
+                part.unlink()
+                meta.unlink(missing_ok=True)
+                raise self._fail("digest-mismatch", f"{item.name}: sha256 is {hexd}, expected {want.lower()}{whose}")
+        want = given or item.sha256
         size = part.stat().st_size
         self._written += size
         part.replace(final)
@@ -569,6 +846,9 @@ class Fetcher:
                 done = {}
             files = done.get("files", {})
             same = done.get("uri") == self.o.uri and all((self.dest / n).is_file() for n in files)
+            if same and self.o.uri.startswith("oci") and not self.o.uri.partition("@")[2].startswith("sha256:"):
+                self._oci_resolve()  # a tag moves: the same only while it names the manifest fetched then
+                same = done.get("manifest") == self._oci_manifest
             wanted = {n or next(iter(files), ""): h for n, h in self.o.sha256.items()}
             if same and all(files.get(n) == h for n, h in wanted.items()):
                 self.say(f"fetch: {self._shown_uri()} is already in {self.dest}")
@@ -588,7 +868,10 @@ class Fetcher:
             f"fetch: {self._shown_uri()} -> {self.dest}: {len(items)} file(s)" + (f", {known} bytes" if known else "")
         )
         files = {i.name: self._download(i) for i in items}
-        marker.write_text(json.dumps({"uri": self.o.uri, "files": files}))
+        record: dict[str, object] = {"uri": self.o.uri, "files": files}
+        if self._oci_manifest:
+            record["manifest"] = self._oci_manifest
+        marker.write_text(json.dumps(record))
         self._record_times(started, cached=False)
         self.say(f"fetch: done, {self._written} bytes in {self.clock() - t0:.1f}s")
         return files
@@ -642,6 +925,10 @@ def options_from(ns: object, env: Mapping[str, str]) -> Options:
         limit_rate=g.get("limit_rate"),
         progress_every=2.0 if g.get("progress_seconds") is None else float(g["progress_seconds"]),
         ca_file=g.get("ca_file") or env.get("AWS_CA_BUNDLE") or None,
+        registry_credentials=load_registry_credentials(env, g.get("credentials_dir"))
+        if str(g["uri"]).startswith("oci")
+        else None,
+        insecure_registry=bool(g.get("insecure_registry")),
     )
 
 
