@@ -1,0 +1,79 @@
+"""Issue 22: the CRD's ``spec.model.storageUri`` accepts ``oci://`` references (what ``sluiceway-pod
+fetch`` takes: ``oci://host[:port]/repository:tag``, ``…@sha256:<hex>``, ``oci+http://`` for a
+registry without TLS) and refuses malformed ones, checked by a real kube-apiserver (dry-run creates).
+The same cases go through the fetcher's own parser, so the CRD and the pod agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubetools import Admin, ControlPlane, establish_crd
+from operator_support import load_crd
+from sluiceway_operator.kube import ApiError, Kube
+from sluiceway_pod.fetch import FetchError, parse_oci
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.slow, pytest.mark.timeout(300)]
+
+NS = "sluiceway-oci"
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+ACCEPTED = [
+    "oci://registry.example/models/scorer:v1",
+    "oci://registry.example:5000/team/models/scorer:1.0.3-rc_1",
+    f"oci://registry.example/models/scorer@{DIGEST}",
+    "oci+http://127.0.0.1:5000/my-models/a__b.c:latest",
+]
+REFUSED = [
+    "oci://registry.example/models/scorer",  # neither tag nor digest
+    "oci://registry.example/Models/scorer:v1",  # repositories are lowercase
+    "oci://registry.example/models/scorer@sha256:abc",  # a short digest
+    "oci://user:pw@registry.example/models/scorer:v1",  # credentials in the URI
+    "oci://registry.example/models/../scorer:v1",
+    "oci://registry.example/models/scorer:v1?x=1",
+    "oci+https://registry.example/models/scorer:v1",
+]
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane: ControlPlane) -> Admin:
+    a = Admin(Kube(control_plane.client()))
+    establish_crd(a, load_crd())
+    if a.get(f"/api/v1/namespaces/{NS}") is None:
+        a.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    return a
+
+
+def _isvc(uri: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "sluiceway.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "oci", "namespace": NS},
+        "spec": {
+            "model": {"image": "registry.example/p:1", "format": "onnx", "storageUri": uri},
+            "resources": {"gpus": 0},
+        },
+    }
+
+
+PATH = f"/apis/sluiceway.io/v1alpha1/namespaces/{NS}/inferenceservices"
+
+
+@pytest.mark.parametrize("uri", ACCEPTED)
+def test_the_crd_and_the_fetcher_accept_an_oci_reference(admin: Admin, uri: str) -> None:
+    stored = admin.create(PATH, _isvc(uri), dry_run=True)
+    assert stored["spec"]["model"]["storageUri"] == uri
+    parse_oci(uri)
+
+
+@pytest.mark.parametrize("uri", REFUSED)
+def test_the_crd_and_the_fetcher_refuse_a_malformed_oci_reference(admin: Admin, uri: str) -> None:
+    with pytest.raises(ApiError) as info:
+        admin.create(PATH, _isvc(uri), dry_run=True)
+    assert info.value.status == 422
+    assert "spec.model.storageUri" in str(info.value)
+    if uri.startswith(("oci://", "oci+http://")):
+        with pytest.raises(FetchError) as refused:
+            parse_oci(uri)
+        assert refused.value.reason == "bad-request"
