@@ -146,6 +146,10 @@ RBAC_API = "rbac.authorization.k8s.io/v1"
 EDGE_DIR = "/etc/sluiceway/edge"
 EDGE_TOKEN_KEY = "token"
 EDGE_TOKEN_FILE = f"{EDGE_DIR}/{EDGE_TOKEN_KEY}"
+#: The gateway replicas' quota token (the signature of :func:`build_edge_quota_charter`): a second
+#: key of ``<name>-edge``, mounted in the gateway only (the pods mount the ``token`` key alone).
+EDGE_QUOTA_TOKEN_KEY = "quota-token"
+EDGE_QUOTA_TOKEN_FILE = f"{EDGE_DIR}/{EDGE_QUOTA_TOKEN_KEY}"
 #: The gateway Role's only rule: EndpointSlice reads in the InferenceService's namespace.
 GATEWAY_RULE: Mapping[str, Any] = {
     "apiGroups": ["discovery.k8s.io"],
@@ -255,10 +259,14 @@ def derive_edge_token(key: bytes, owner: Owner) -> str:
     return hmac.new(key, f"edge:{owner.namespace}/{owner.name}".encode(), hashlib.sha256).hexdigest()
 
 
-def build_edge_secret(owner: Owner, token: str | None) -> dict[str, Any]:
-    """``<name>-edge``: the edge token only (``sluiceway_core.edge``), read by the gateway and the pods.
-    ``None``: the Secret emptied (the gateway turned off; the operator may not delete Secrets)."""
+def build_edge_secret(owner: Owner, token: str | None, quota_token: str | None = None) -> dict[str, Any]:
+    """``<name>-edge``: the edge token (``sluiceway_core.edge``), read by the gateway and the pods, and
+    with ``quota_token`` the gateway replicas' charter signature (:func:`edge_quota_token`), mounted
+    in the gateway only. ``None``: the Secret emptied (the gateway turned off; the operator may not
+    delete Secrets)."""
     data = {EDGE_TOKEN_KEY: base64.b64encode(token.encode()).decode()} if token is not None else {}
+    if token is not None and quota_token is not None:
+        data[EDGE_QUOTA_TOKEN_KEY] = base64.b64encode(quota_token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -268,8 +276,13 @@ def build_edge_secret(owner: Owner, token: str | None) -> dict[str, Any]:
     }
 
 
-def _edge_volume(owner: Owner) -> dict[str, Any]:
-    return {"name": "edge", "secret": {"secretName": edge_secret_name(owner)}}
+def _edge_volume(owner: Owner, *, token_only: bool = False) -> dict[str, Any]:
+    """The ``<name>-edge`` Secret as a volume (no subPath: a rotation reaches the running pods); the
+    inference pods get its ``token`` key only, never the gateway's quota token."""
+    secret: dict[str, Any] = {"secretName": edge_secret_name(owner)}
+    if token_only:
+        secret["items"] = [{"key": EDGE_TOKEN_KEY, "path": EDGE_TOKEN_KEY}]
+    return {"name": "edge", "secret": secret}
 
 
 EDGE_MOUNT: Mapping[str, Any] = {"name": "edge", "mountPath": EDGE_DIR, "readOnly": True}
@@ -384,6 +397,56 @@ def quota_token(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> s
     charter = build_quota_charter(owner, spec)
     if charter is None:
         return None
+    if env.quota_key is None:
+        raise SpecError("the operator has no quota key (SLUICEWAY_QUOTA_KEY_FILE) to sign the quota charter")
+    return sign_charter(env.quota_key, charter)
+
+
+def edge_quota_service(owner: Owner) -> str:
+    """The gateway replicas' lease pool: ``<namespace>/<name>.edge``, a name no InferenceService can
+    have (its name is a DNS-1035 label: no dot), so the pods' leases and the gateway's never mix."""
+    return f"{owner.namespace}/{owner.name}.edge"
+
+
+def build_edge_quota_charter(owner: Owner, spec: InferenceServiceSpec) -> QuotaCharter | None:
+    """The charter the gateway's replicas lease under (``sluiceway_gateway.admission``): each tenant's
+    ``rate`` and ``burst`` as in :func:`build_quota_charter` (the edge leases no concurrency: the pods
+    split ``maxConcurrent``), at most ``gateway.replicas + 1`` participants (the rollout's surge).
+    None without the gateway, or when no tenant has a rate."""
+    if not spec.gateway.enabled:
+        return None
+    pods = build_quota_charter(owner, spec)
+    quotas = {t: TenantQuota(q.rate, q.bucket, None) for t, q in (pods.quotas if pods else {}).items()
+              if q.rate is not None}
+    if not quotas:
+        return None
+    return QuotaCharter(edge_quota_service(owner), quotas, spec.gateway.replicas + 1)
+
+
+def build_edge_quota(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> dict[str, Any] | None:
+    """The gateway config's ``quota`` section (camelCase), or None: with the coordinator, the gateway's
+    replicas split each tenant's rate and burst by leases as the pods do (``assumedReplicas``: the
+    gateway's replica count, the fallback divisor before a first lease)."""
+    charter = build_edge_quota_charter(owner, spec)
+    if env.quota_coordinator_url is None or charter is None:
+        return None
+    return {
+        "coordinatorUrl": env.quota_coordinator_url,
+        "service": charter.service,
+        "leaseSeconds": env.quota_lease_seconds,
+        "assumedReplicas": spec.gateway.replicas,
+        "charter": charter.to_json(),
+        "tokenFile": EDGE_QUOTA_TOKEN_FILE,
+    }
+
+
+def edge_quota_token(owner: Owner, spec: InferenceServiceSpec, env: Environment) -> str | None:
+    """The signature of :func:`build_edge_quota_charter` (a secret: the ``<name>-edge`` Secret only),
+    or None when the gateway's config has no ``quota``. Raises :class:`SpecError` without a key."""
+    if build_edge_quota(owner, spec, env) is None:
+        return None
+    charter = build_edge_quota_charter(owner, spec)
+    assert charter is not None
     if env.quota_key is None:
         raise SpecError("the operator has no quota key (SLUICEWAY_QUOTA_KEY_FILE) to sign the quota charter")
     return sign_charter(env.quota_key, charter)
@@ -729,7 +792,7 @@ def build_deployment(
         volumes.append({"name": "model-store", "emptyDir": {"sizeLimit": str(spec.model.storage_size_limit)}})
     if spec.gateway.enabled:
         mounts.append(dict(EDGE_MOUNT))
-        volumes.append(_edge_volume(owner))
+        volumes.append(_edge_volume(owner, token_only=True))
     extra = spec.pod
     if extra is not None and extra.shm_size is not None:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -1164,18 +1227,25 @@ def gateway_startup_seconds(spec: InferenceServiceSpec, startup: Mapping[str, An
 
 
 def build_gateway_config(
-    owner: Owner, spec: InferenceServiceSpec, cfg: PodConfig, startup_seconds: float | None = None
+    owner: Owner,
+    spec: InferenceServiceSpec,
+    cfg: PodConfig,
+    startup_seconds: float | None = None,
+    quota: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The gateway's config file (``gateway/sluiceway_gateway/config.py``, camelCase): discovery
     through the EndpointSlices of the pods' Service (port ``http``), the spec's routing, and the
     pods' own ``tenants`` and ``priorities`` blocks, so that the gateway admits exactly as the pods
     do (the same key-hash file, mounted at the same path) but for the whole service; with
     ``startup_seconds`` (:func:`gateway_startup_seconds`) the hold queue's start-up estimate
-    (``hold.startupSeconds``, which the gateway reloads in place: not in :func:`gateway_config_hash`)."""
+    (``hold.startupSeconds``, which the gateway reloads in place: not in :func:`gateway_config_hash`);
+    with ``quota`` (:func:`build_edge_quota`) the replicas' leases of each tenant's rate and burst."""
     timeout = min(3600.0, parse_duration(spec.timeouts.request) + GATEWAY_TIMEOUT_SLACK_SECONDS)
     hold = {} if startup_seconds is None else {"hold": {"startupSeconds": startup_seconds}}
+    leases = {} if quota is None else {"quota": dict(quota)}
     return {
         **hold,
+        **leases,
         "listen": {"host": "0.0.0.0", "port": HTTP_PORT, "metricsPort": METRICS_PORT},
         "watch": {"namespace": owner.namespace, "service": owner.name, "portName": "http"},
         "routing": spec.gateway.routing,
@@ -1271,7 +1341,8 @@ def build_gateway_children(
     labels = gateway_labels(owner.name)
     selector = gateway_selector_labels(owner.name)
     g = spec.gateway
-    config_yaml = yaml.safe_dump(build_gateway_config(owner, spec, cfg, startup_seconds), sort_keys=True)
+    quota = build_edge_quota(owner, spec, env)
+    config_yaml = yaml.safe_dump(build_gateway_config(owner, spec, cfg, startup_seconds, quota), sort_keys=True)
     log_format = spec.observability.log_format or env.pod_log_format
     container: dict[str, Any] = {
         "name": "sluiceway-gateway",
@@ -1291,7 +1362,11 @@ def build_gateway_children(
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [
+            {"name": "HOME", "value": "/tmp"},
+            # its name in the quota coordinator's lease pool
+            *([{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}] if quota else []),
+        ],
         "resources": {
             "requests": {"cpu": str(g.resources.cpu), "memory": str(g.resources.memory)},
             "limits": {"memory": str(g.resources.memory)},
@@ -1445,7 +1520,7 @@ def render(
     manifests = [
         build_config_map(owner, cfg_yaml),
         build_keys_secret(owner, keys, token),
-        *([build_edge_secret(owner, edge)] if edge is not None else []),
+        *([build_edge_secret(owner, edge, edge_quota_token(owner, spec, env))] if edge is not None else []),
         build_deployment(owner, spec, digest, pod_name_env=cfg.quota is not None),
         build_service(owner),
         build_metrics_service(owner),

@@ -321,3 +321,43 @@ def test_signals_loop_publishes_service_wide_admitted_rates(prom: tuple[str, typ
         {"name": "anonymous", "admittedRate": "0/s"},
         {"name": "t", "quotaRate": "20/s", "maxConcurrent": 2, "admittedRate": "20/s"},
     ]
+
+
+def test_gateway_replicas_lease_the_edge_charter_signed_into_the_edge_secret_only() -> None:
+    """Issue 19: with the coordinator and the gateway, the gateway's config carries a ``quota`` section
+    under ``<ns>/<name>.edge`` (rate and burst only, at most replicas + 1 participants, the gateway's
+    replica count as the fallback divisor) whose signature is the ``quota-token`` key of
+    ``<name>-edge``, mounted in the gateway only (the pods mount the ``token`` key alone); each
+    gateway pod knows its name (``POD_NAME``). Without the coordinator there is no ``quota``."""
+    rendered = _render("gateway", QUOTA_ENV)
+    named = {(m["kind"], m["metadata"]["name"]): m for m in rendered.manifests}
+    gw_config = yaml.safe_load(named[("ConfigMap", "edge-gateway")]["data"]["gateway.yaml"])
+    quota = gw_config["quota"]
+    from sluiceway_gateway.config import GatewayConfig
+
+    parsed = GatewayConfig.model_validate(gw_config).quota  # what the gateway reads
+    assert parsed is not None and parsed.service == "serving/edge.edge" and parsed.assumed_replicas == 2
+    assert quota["coordinatorUrl"] == COORDINATOR
+    edge_secret = named[("Secret", "edge-edge")]["data"]
+    token = base64.b64decode(edge_secret["quota-token"]).decode()
+    charter = verify_charter(TEST_QUOTA_KEY, quota["charter"], token)
+    assert charter.max_pods == 3 and {t: (q.rate, q.bucket, q.max_concurrent) for t, q in charter.quotas.items()} == {
+        "search": (50.0, 100, None), "reports": (5.0, 5, None)}
+    # the pods' own charter is another service: the two lease pools never mix
+    pods_config = yaml.safe_load(named[("ConfigMap", "edge-config")]["data"]["config.yaml"])
+    assert pods_config["quota"]["service"] == "serving/edge" != charter.service
+    gw_pod = named[("Deployment", "edge-gateway")]["spec"]["template"]["spec"]
+    (container,) = gw_pod["containers"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert quota["tokenFile"] == "/etc/sluiceway/edge/quota-token"
+    assert next(v for v in gw_pod["volumes"] if v["name"] == "edge")["secret"] == {"secretName": "edge-edge"}
+    pods_volumes = named[("Deployment", "edge")]["spec"]["template"]["spec"]["volumes"]
+    pods_edge = next(v for v in pods_volumes if v["name"] == "edge")
+    assert pods_edge["secret"]["items"] == [{"key": "token", "path": "token"}]
+    for (kind, _name), manifest in named.items():
+        if kind != "Secret":
+            assert token not in json.dumps(manifest), kind
+    bare_env = Environment(keda=True, quota_key=TEST_QUOTA_KEY)  # a key, no coordinator
+    bare = {(m["kind"], m["metadata"]["name"]): m for m in _render("gateway", bare_env).manifests}
+    assert "quota" not in yaml.safe_load(bare[("ConfigMap", "edge-gateway")]["data"]["gateway.yaml"])
+    assert "quota-token" not in bare[("Secret", "edge-edge")]["data"]

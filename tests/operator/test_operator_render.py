@@ -878,7 +878,9 @@ def test_edge_token_is_derived_from_the_quota_key_mounted_in_both_and_named_in_b
         (c,) = pod["containers"]
         assert {"name": "edge", "mountPath": "/etc/sluiceway/edge", "readOnly": True} in c["volumeMounts"], dep_name
         assert not any("subPath" in m for m in c["volumeMounts"] if m["name"] == "edge")
-        assert {"name": "edge", "secret": {"secretName": "edge-edge"}} in pod["volumes"], dep_name
+        # the pods get the token only; the gateway the whole Secret (its quota token too, when leasing)
+        items = {"items": [{"key": "token", "path": "token"}]} if dep_name == "edge" else {}
+        assert {"name": "edge", "secret": {"secretName": "edge-edge", **items}} in pod["volumes"], dep_name
     assert rendered.pod_config.edge is not None and rendered.pod_config.edge.token_file == DEFAULT_TOKEN_FILE
     gw_cm = _named(rendered, "ConfigMap", "edge-gateway")
     assert gw_cm is not None
