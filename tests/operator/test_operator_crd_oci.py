@@ -45,13 +45,13 @@ def admin(control_plane: ControlPlane) -> Admin:
     return a
 
 
-def _isvc(uri: str) -> dict[str, Any]:
+def _isvc(uri: str, **model: Any) -> dict[str, Any]:
     return {
         "apiVersion": "sluiceway.io/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": "oci", "namespace": NS},
         "spec": {
-            "model": {"image": "registry.example/p:1", "format": "onnx", "storageUri": uri},
+            "model": {"image": "registry.example/p:1", "format": "onnx", "storageUri": uri, **model},
             "resources": {"gpus": 0},
         },
     }
@@ -77,3 +77,17 @@ def test_the_crd_and_the_fetcher_refuse_a_malformed_oci_reference(admin: Admin, 
         with pytest.raises(FetchError) as refused:
             parse_oci(uri)
         assert refused.value.reason == "bad-request"
+
+
+def test_the_registry_credentials_secret_goes_with_an_oci_uri_only(admin: Admin) -> None:
+    oci = {"credentialsSecret": "registry-pull"}
+    stored = admin.create(PATH, _isvc(ACCEPTED[0], oci=oci), dry_run=True)
+    assert stored["spec"]["model"]["oci"] == oci
+    for uri in ("s3://models/m.onnx", "https://h.example/m.onnx"):
+        with pytest.raises(ApiError) as info:
+            admin.create(PATH, _isvc(uri, oci=oci), dry_run=True)
+        assert info.value.status == 422
+        assert "model.oci is only used with an oci:// storageUri" in str(info.value)
+    with pytest.raises(ApiError) as info:
+        admin.create(PATH, _isvc(ACCEPTED[0], oci={"credentialsSecret": "Not_A_Name"}), dry_run=True)
+    assert "spec.model.oci.credentialsSecret" in str(info.value)
