@@ -67,6 +67,32 @@ from .quota import (
 )
 
 
+class LeasedShares:
+    """A participant's shares of the lease in force, and the replica count its fallback share divides
+    by (None: no coordinator, the participant holds the whole quota): the part of
+    :class:`ShareHolder` the pod's registry and the gateway's admission have in common. Not
+    thread-safe: owned by the participant's event loop, like the holder."""
+
+    def __init__(self) -> None:
+        self.replicas: int | None = None
+        self._shares: dict[str, TenantShare] = {}
+
+    def share(self, name: str, quota: TenantQuota) -> TenantShare | None:
+        """The tenant's share in force: the lease's, else ``quota / replicas`` (the fallback), else
+        None (no coordinator)."""
+        got = self._shares.get(name)
+        if got is not None:
+            return got
+        if self.replicas is None:
+            return None
+        return fallback_share(quota, self.replicas)
+
+    def set(self, shares: Mapping[str, TenantShare] | None, replicas: int) -> None:
+        """A new lease, or None: the lease ran out (the fallback share until the next one)."""
+        self.replicas = max(1, replicas)
+        self._shares = dict(shares) if shares is not None else {}
+
+
 class Clock(Protocol):
     def now(self) -> float: ...
 

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from sluiceway_core.config import PrioritiesConfig, TenantLimits, TenantsConfig
 from sluiceway_core.keys import KeyFile, parse_keys_text
-from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
+from sluiceway_core.lease_client import LeasedShares
+from sluiceway_core.quota import TenantQuota, TenantShare
 
 from .errors import BadRequest, PriorityForbidden, RateLimited, TenantQueueFull, Unauthenticated
 
@@ -104,10 +105,8 @@ class EdgeAdmission:
         self._keys = keys
         self._listed = {t.name: t for t in config.tenants}
         self._tenants: dict[str, EdgeTenant] = {}
-        #: service-wide quotas split between replicas: None = this replica holds the whole quota;
-        #: else the replica count the fallback share divides by, until a lease says otherwise
-        self.replicas: int | None = None
-        self._shares: dict[str, TenantShare] = {}
+        #: service-wide quotas split between replicas (no coordinator: this replica holds them whole)
+        self.leased = LeasedShares()
         self._counts: dict[str, list[int]] = {}  # tenant -> [admitted, refused] by its bucket since the last report
 
     def _limits(self, name: str) -> TenantLimits:
@@ -170,18 +169,12 @@ class EdgeAdmission:
 
     def share(self, name: str) -> TenantShare | None:
         """This replica's share of the tenant's quota in force (None: it holds the whole quota)."""
-        got = self._shares.get(name)
-        if got is not None:
-            return got
-        if self.replicas is None:
-            return None
-        return fallback_share(self.quota(name), self.replicas)
+        return self.leased.share(name, self.quota(name))
 
     def apply_shares(self, shares: Mapping[str, TenantShare] | None, replicas: int) -> None:
         """A new lease (``shares``), or ``None``: the lease ran out, fall back to quota / replicas.
         Each bucket keeps the tokens it earned, at most its new burst."""
-        self.replicas = max(1, replicas)
-        self._shares = dict(shares) if shares is not None else {}
+        self.leased.set(shares, replicas)
         for name, et in self._tenants.items():
             rate = self._terms(name)[3]
             if rate is not None and et.bucket is not None:

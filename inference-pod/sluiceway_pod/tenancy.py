@@ -36,7 +36,8 @@ from pathlib import Path
 from sluiceway_core.config import TenantLimits, TenantsConfig
 from sluiceway_core.edge import valid_tenant_name
 from sluiceway_core.keys import KeyFile, parse_keys_text
-from sluiceway_core.quota import TenantQuota, TenantShare, fallback_share
+from sluiceway_core.lease_client import LeasedShares
+from sluiceway_core.quota import TenantQuota, TenantShare
 
 from .clock import Clock
 from .errors import InvalidInput, Unauthenticated
@@ -143,10 +144,8 @@ class TenantRegistry:
         self._tenants: dict[str, Tenant] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self.known_labels = frozenset([*self._listed, config.anonymous_tenant, OTHER])
-        #: service-wide quotas: None = quotas hold per pod (no coordinator); else the replica count
-        #: the fallback divides by, until a lease says otherwise
-        self.replicas: int | None = None
-        self._shares: dict[str, TenantShare] = {}
+        #: service-wide quotas: this pod's shares and the fallback divisor (no coordinator: per pod)
+        self.leased = LeasedShares()
         self._counts: dict[str, list[int]] = {}  # tenant -> [admitted, refused] since the last report
 
     def _limits(self, name: str) -> TenantLimits:
@@ -236,17 +235,11 @@ class TenantRegistry:
 
     def share(self, name: str) -> TenantShare | None:
         """This pod's share of the tenant's quota in force (None: quotas hold per pod)."""
-        got = self._shares.get(name)
-        if got is not None:
-            return got
-        if self.replicas is None:
-            return None
-        return fallback_share(self.quota(name), self.replicas)
+        return self.leased.share(name, self.quota(name))
 
     def apply_shares(self, shares: Mapping[str, TenantShare] | None, replicas: int) -> None:
         """A new lease (``shares``), or ``None``: the lease ran out, fall back to quota / replicas."""
-        self.replicas = max(1, replicas)
-        self._shares = dict(shares) if shares is not None else {}
+        self.leased.set(shares, replicas)
         for name, bucket in self._buckets.items():
             share = self.share(name)
             if share is not None and share.rate is not None and share.burst is not None:
