@@ -82,9 +82,12 @@ Examples:
 """
 
 FETCH_EPILOG = """\
-Stores: s3://bucket/key (one object) or s3://bucket/prefix/ (every object under it), http(s)://.../file.
-S3 credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN from the environment, or
-files of those names in --credentials-dir (a mounted Secret). They are never printed.
+Stores: s3://bucket/key (one object) or s3://bucket/prefix/ (every object under it), http(s)://.../file,
+oci://registry/repository:tag (or @sha256:<digest>; oci+http:// for a plain-http registry): an ORAS
+artifact, one file per layer titled org.opencontainers.image.title, each checked against its digest.
+S3 credentials: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN; registry credentials:
+REGISTRY_USERNAME, REGISTRY_PASSWORD; from the environment, or files of those names in
+--credentials-dir (a mounted Secret). They are never printed.
 Endpoint and region also from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and AWS_REGION.
 
 A broken transfer resumes with Range (--retries times, then fails). Progress lines go to stdout.
@@ -153,7 +156,8 @@ def parser() -> argparse.ArgumentParser:
         epilog=FETCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    f.add_argument("--uri", required=True, help="s3://bucket/key, s3://bucket/prefix/, or http(s)://host/path")
+    f.add_argument("--uri", required=True,
+                   help="s3://bucket/key, s3://bucket/prefix/, http(s)://host/path, or oci://registry/repo:tag")
     f.add_argument("--dest", required=True, metavar="DIR", help="directory to download into (an emptyDir)")
     f.add_argument(
         "--sha256", action="append", metavar="HEX|NAME=HEX", help="expected digest (NAME=HEX per file of a prefix)"
@@ -163,7 +167,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--region", help="S3 region for signing (default AWS_REGION or us-east-1)")
     f.add_argument("--addressing", choices=["path", "virtual"], help="S3 bucket addressing (default path)")
     f.add_argument("--ca-file", metavar="PEM", help="CA bundle for https stores (default AWS_CA_BUNDLE, the system's)")
-    f.add_argument("--credentials-dir", metavar="DIR", help="read AWS_* credential files from here (a Secret)")
+    f.add_argument("--credentials-dir", metavar="DIR",
+                   help="read AWS_* / REGISTRY_* credential files from here (a Secret)")
     f.add_argument("--retries", type=int, metavar="N", help="retries of a broken transfer (default 5)")
     f.add_argument("--backoff", type=float, metavar="SECONDS", help="first retry delay, doubling (default 0.5)")
     f.add_argument("--timeout", type=float, metavar="SECONDS", help="connect/read stall timeout (default 30)")

@@ -66,6 +66,7 @@ from .render import (
     CONFIG_HASH_ANNOTATION,
     EDGE_TOKEN_KEY,
     KEYS_FILE,
+    OCI_CREDENTIAL_KEYS,
     RBAC_API,
     S3_CREDENTIAL_KEYS,
     Environment,
@@ -310,11 +311,12 @@ class Reconciler:
         hashes = self._key_hashes(namespace, spec, salt)
         if isinstance(hashes, list):
             return outcome(spec, (hashes[0].reason, "; ".join(p.message for p in hashes)), previous_hash)
-        s3 = spec.model.s3
-        if s3 is not None and s3.credentials_secret is not None:
-            problem = self.kube.check_model_credentials(namespace, s3.credentials_secret, S3_CREDENTIAL_KEYS)
-            if problem is not None:
-                return outcome(spec, (problem.reason, problem.message), previous_hash)
+        stores = [(spec.model.s3, S3_CREDENTIAL_KEYS), (spec.model.oci, OCI_CREDENTIAL_KEYS)]
+        for store, keys in stores:
+            if store is not None and store.credentials_secret is not None:
+                problem = self.kube.check_model_credentials(namespace, store.credentials_secret, keys)
+                if problem is not None:
+                    return outcome(spec, (problem.reason, problem.message), previous_hash)
         if spec.pod is not None:
             problems = [
                 p for p in (self.kube.check_pod_secret(namespace, n) for n in spec.pod.secret_names()) if p is not None

@@ -563,6 +563,8 @@ TERMINATION_LOG = "/dev/termination-log"
 #: The Secret keys a ``model.s3.credentialsSecret`` holds (what ``sluiceway-pod fetch`` reads).
 S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 S3_SESSION_TOKEN_KEY = "AWS_SESSION_TOKEN"
+#: The Secret keys a ``model.oci.credentialsSecret`` holds (Basic, or the Bearer token exchange).
+OCI_CREDENTIAL_KEYS = ("REGISTRY_USERNAME", "REGISTRY_PASSWORD")
 
 
 def _pvc_uri(uri: str) -> tuple[str, str]:
@@ -592,7 +594,7 @@ def model_spec(spec: InferenceServiceSpec) -> str:
 
 
 def build_storage_initializer(spec: InferenceServiceSpec) -> dict[str, Any] | None:
-    """The init container that fetches an s3/http(s) model into the model store (``sluiceway-pod
+    """The init container that fetches an s3/http(s)/oci model into the model store (``sluiceway-pod
     fetch``, the pod's own image), or None. Credentials reach it only as ``secretKeyRef``
     environment variables (never in an argument, the ConfigMap or the status); its failure line goes
     to the termination log, which the operator reports as ``ModelFetched=False``."""
@@ -632,6 +634,9 @@ def build_storage_initializer(spec: InferenceServiceSpec) -> dict[str, Any] | No
                     },
                 }
             )
+    if m.oci is not None and m.oci.credentials_secret is not None:
+        for key in OCI_CREDENTIAL_KEYS:
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": m.oci.credentials_secret, "key": key}}})
     r = spec.resources
     return {
         "name": STORAGE_INITIALIZER,

@@ -171,11 +171,15 @@ def _unique_names(kind: str) -> Any:
 
 
 #: ``model.storageUri`` (the CRD's pattern): ``pvc://<claim>/<path>``, ``s3://<bucket>/<key or
-#: prefix/>``, ``http(s)://<host>/<path>``; never user info or a query string (credentials).
+#: prefix/>``, ``http(s)://<host>/<path>``, ``oci://<registry>/<repository>:<tag>`` (or
+#: ``@sha256:<digest>``; ``oci+http://`` for a plain-http registry); never user info or a query
+#: string (credentials).
 STORAGE_URI = re.compile(
     r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*(/[^/\s?#]+)*/?"
     r"|s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9](/[^\s?#]*)?"
     r"|https?://[^\s/?#@]+(/[^\s?#]*)?"
+    r"|oci(\+http)?://[^\s/?#@]+/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})"
 )
 _FACTORY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 #: The pod's safetensors form, ``module:factory@/path/model.safetensors``.
@@ -187,8 +191,9 @@ PATH_FORMATS = ("torchscript", "pt2", "onnx")
 def _storage_uri(v: str) -> str:
     if len(v) > 2048 or not STORAGE_URI.fullmatch(v):
         raise ValueError(
-            f"{v!r} is not a storageUri: pvc://<claim>/<path>, s3://<bucket>/<key or prefix/> or "
-            "http(s)://<host>/<path>, without user info or query string (credentials go in model.s3.credentialsSecret)"
+            f"{v!r} is not a storageUri: pvc://<claim>/<path>, s3://<bucket>/<key or prefix/>, "
+            "http(s)://<host>/<path> or oci://<registry>/<repository>:<tag> (or @sha256:<digest>), without user "
+            "info or query string (credentials go in model.s3.credentialsSecret or model.oci.credentialsSecret)"
         )
     if re.search(r"(^|/)\.\.?(/|$)", v.split("://", 1)[1]):
         raise ValueError(f"storageUri {v!r} must not contain '.' or '..' path segments")
@@ -204,6 +209,12 @@ class S3Spec(_Model):
     credentials_secret: SubdomainName | None = None
 
 
+class OciSpec(_Model):
+    """``model.oci``: the registry of an ``oci://`` storageUri (its credentials)."""
+
+    credentials_secret: SubdomainName | None = None
+
+
 class ModelSpec(_Model):
     image: str = Field(min_length=1, max_length=512, pattern=r"^\S+$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
@@ -212,6 +223,7 @@ class ModelSpec(_Model):
     source: str | None = Field(default=None, min_length=1, max_length=1024)
     storage_uri: Annotated[str, AfterValidator(_storage_uri)] | None = None
     s3: S3Spec | None = None
+    oci: OciSpec | None = None
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     storage_size_limit: Quantity = "10Gi"
     factory: str | None = Field(default=None, max_length=256, pattern=rf"^{_FACTORY.pattern}$")
@@ -257,8 +269,10 @@ class ModelSpec(_Model):
             )
         if self.s3 is not None and not (self.storage_uri or "").startswith("s3://"):
             raise ValueError("model.s3 is only used with an s3:// storageUri")
+        if self.oci is not None and not (self.storage_uri or "").startswith("oci"):
+            raise ValueError("model.oci is only used with an oci:// storageUri")
         if self.sha256 is not None and (self.storage_uri is None or self.storage_uri.startswith("pvc://")):
-            raise ValueError("model.sha256 is only used with an s3:// or http(s):// storageUri")
+            raise ValueError("model.sha256 is only used with an s3://, http(s):// or oci:// storageUri")
         try:
             if parse_quantity(self.storage_size_limit) <= 0:
                 raise ValueError("model.storageSizeLimit must be positive")
@@ -268,13 +282,14 @@ class ModelSpec(_Model):
 
     @property
     def scheme(self) -> str | None:
-        """``pvc``, ``s3``, ``http``/``https`` of the storageUri; None for the short form."""
+        """``pvc``, ``s3``, ``http``/``https``, ``oci``/``oci+http`` of the storageUri; None for the short
+        form."""
         return self.storage_uri.split("://", 1)[0] if self.storage_uri is not None else None
 
     @property
     def fetched(self) -> bool:
-        """Whether a storage initializer fetches the model (s3 and http(s))."""
-        return self.scheme in ("s3", "http", "https")
+        """Whether a storage initializer fetches the model (s3, http(s) and oci)."""
+        return self.scheme in ("s3", "http", "https", "oci", "oci+http")
 
 
 #: What ``resources.gpus > 1`` gets (the CRD's CEL says the same).

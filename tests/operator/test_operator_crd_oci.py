@@ -91,3 +91,33 @@ def test_the_registry_credentials_secret_goes_with_an_oci_uri_only(admin: Admin)
     with pytest.raises(ApiError) as info:
         admin.create(PATH, _isvc(ACCEPTED[0], oci={"credentialsSecret": "Not_A_Name"}), dry_run=True)
     assert "spec.model.oci.credentialsSecret" in str(info.value)
+
+
+@pytest.mark.parametrize("uri", ACCEPTED + REFUSED)
+def test_the_operators_spec_model_agrees_with_the_crd(uri: str) -> None:
+    """The operator parses the spec with its own model (a spec the CRD let through must parse, one it
+    refused must not): the same cases, without an API server."""
+    from sluiceway_operator.spec import SpecError, parse_spec
+
+    if uri in ACCEPTED:
+        assert parse_spec(_isvc(uri)["spec"]).model.fetched
+    else:
+        with pytest.raises(SpecError):
+            parse_spec(_isvc(uri)["spec"])
+
+
+def test_the_storage_initializer_fetches_an_oci_model_with_the_registry_secret_as_env_only() -> None:
+    """An ``oci://`` model gets the storage initializer (``sluiceway-pod fetch --uri oci://...``) and
+    the registry credentials only as ``secretKeyRef`` environment variables (never an argument);
+    ``model.oci`` without an oci:// storageUri is refused."""
+    from sluiceway_operator.render import OCI_CREDENTIAL_KEYS, build_storage_initializer
+    from sluiceway_operator.spec import SpecError, parse_spec
+
+    spec = parse_spec(_isvc(ACCEPTED[2], oci={"credentialsSecret": "registry-pull"})["spec"])
+    init = build_storage_initializer(spec)
+    assert init is not None and init["command"][:4] == ["sluiceway-pod", "fetch", "--uri", ACCEPTED[2]]
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e}
+    assert refs == {k: {"name": "registry-pull", "key": k} for k in OCI_CREDENTIAL_KEYS}
+    assert not any("registry-pull" in a for a in init["command"])
+    with pytest.raises(SpecError, match="model.oci is only used with an oci:// storageUri"):
+        parse_spec(_isvc("s3://models/m.onnx", oci={"credentialsSecret": "registry-pull"})["spec"])
