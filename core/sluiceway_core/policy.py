@@ -138,6 +138,13 @@ class Signals:
     #: Requests in the pods, running and queued, summed over the pods (None: not read): the
     #: concurrency that Knative's KPA and KEDA's in-flight triggers scale on.
     requests_in_pods: float | None = None
+    #: The same now, an instant sample (None: not read). Where ``requests_in_pods`` is a window
+    #: average (the KEDA scaler's ``Queries.requests_in_pods_avg``), the term takes this instead
+    #: when it is above the average by more than twice its Poisson noise (``now - 2 sqrt(now) >
+    #: average``): a clump of arrivals at a few requests in flight stays within the noise and leaves
+    #: the average in charge (4 over 1.25: 4 - 4 = 0), a crowd of hundreds does not wait for the
+    #: average to catch up.
+    requests_in_pods_now: float | None = None
     #: Requests the gateway holds (no ready pod can take them), summed over its replicas (issue 20;
     #: None: not read, or no gateway).
     held: float | None = None
@@ -147,6 +154,14 @@ class Signals:
     #: Requests the gateway refused for want of a pod within the rate window (the scaler's
     #: activation reads it; the policy does not). None: not read.
     refused_no_pod: float | None = None
+    #: Pods that have been ready since their start (serving, or draining): unlike
+    #: ``ready_replicas`` (``sum(up == 1)``) it leaves out the pods that are scraped while their
+    #: model still loads (``Queries.pods_ready``; None: not read).
+    pods_ready: int | None = None
+    #: The pods' measured start-up in seconds, from their process start to ready
+    #: (``Queries.startup_seconds``: the median over the pods of their start phases; None: not read,
+    #: or no pod has reported a whole start).
+    startup_seconds: float | None = None
     ok: bool = True
     detail: str = ""
 
@@ -218,6 +233,13 @@ class ScalingSpec:
     #: seconds of serving (the time a held request has left once a pod serves: the hold's deadline
     #: less a start-up). None: off (the held count is ignored, as before).
     hold_drain_seconds: float | None = 60.0
+    #: Start-up (issue 20/22): pods still starting count as capacity that arrives at their predicted
+    #: ready time (asked for + ``Signals.startup_seconds``); the shortage terms ask for no more
+    #: than the current count while the pods serving and those on their way drain the backlog before
+    #: a pod asked for now could serve (``_arriving``). Off by default: in the simulator it saves
+    #: GPU-hours where a load returns (on/off) and costs on-time share where it keeps rising (the
+    #: pods' own start phases leave out scheduling and image pull; docs/scalesim.md).
+    count_starting: bool = False
     scale_up: ScaleUpPolicy = field(default_factory=ScaleUpPolicy)
     scale_down: ScaleDownPolicy = field(default_factory=ScaleDownPolicy)
 
@@ -314,10 +336,14 @@ def _ceil(x: float) -> int:
     return math.ceil(x - _EPS) if x > 0 else 0
 
 
-def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, int | None, int]:
+def _raw(
+    signals: Signals, spec: ScalingSpec, current: int, arriving: str | None = None
+) -> tuple[int, str, int | None, int]:
     """The raw recommendation, its explanation, the measured load's value (demand or requests in
     the pods; None: n/a) and the load terms' recommendation (utilisation, demand, prediction; the
-    raw recommendation when there are none), which the burst headroom watches for jumps."""
+    raw recommendation when there are none), which the burst headroom watches for jumps.
+    ``arriving``: the pods on their way drain the backlog before a new pod could serve
+    (:func:`_arriving`, its explanation): the shortage terms are capped at ``current``."""
     parts: list[tuple[int, str]] = []  # shortage terms
     load_parts: list[tuple[int, str]] = []
     assert signals.queue_depth is not None
@@ -347,6 +373,10 @@ def _raw(signals: Signals, spec: ScalingSpec, current: int) -> tuple[int, str, i
     in_pods = _in_pods(signals, spec)
     if in_pods is not None:
         parts.append(in_pods)
+    if arriving is not None and any(n > current for n, _ in parts):
+        parts = [(min(n, current), text + (f", capped at {current}: {arriving}" if n > current else ""))
+                 for n, text in parts]
+        in_pods = (min(in_pods[0], current), in_pods[1]) if in_pods is not None else None
     if demand is not None:
         load_parts.append((demand[0], demand[1]))
     predicted = _predicted(signals, spec, serving)
@@ -392,8 +422,74 @@ def _in_pods(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
     tu, permits, n_in = spec.target_utilisation, signals.permits, signals.requests_in_pods
     if tu is None or permits is None or permits <= 0 or n_in is None or not spec.sustained_demand:
         return None
-    n = _ceil(max(0.0, n_in) / (permits * tu))
-    return n, f"{n_in:.4g} requests in the pods / ({permits} permits x {tu:.2f}) -> {n}"
+    n_in = max(0.0, n_in)
+    now = signals.requests_in_pods_now
+    how = ""
+    if now is not None and now > 0 and now - 2 * math.sqrt(now) > n_in:
+        how = f" (now, above the window's average {n_in:.4g} by more than twice its noise)"
+        n_in = now
+    n = _ceil(n_in / (permits * tu))
+    return n, f"{n_in:.4g} requests in the pods{how} / ({permits} permits x {tu:.2f}) -> {n}"
+
+
+def _asked_at(history: ScaleHistory, current: int, now: float) -> list[float]:
+    """When each of the ``current`` pods was asked for, oldest first, as the recorded decisions
+    show it: a rise adds pods asked for at its time, a fall takes away the newest (a Deployment
+    scales down the pods not ready first, the newest). Pods from before the history (or all of
+    them, with none) count as asked for at its first entry (``now`` without one): late, so they
+    are credited with no more than the history shows."""
+    entries = history.entries
+    stack: list[float] = [entries[0].at] * entries[0].replicas if entries else []
+    for e in entries[1:]:
+        if e.replicas > len(stack):
+            stack += [e.at] * (e.replicas - len(stack))
+        else:
+            del stack[e.replicas:]
+    first = entries[0].at if entries else now
+    if current > len(stack):
+        stack = [first] * (current - len(stack)) + stack
+    return stack[len(stack) - current:] if current else []
+
+
+def _arriving(
+    signals: Signals, spec: ScalingSpec, current: int, history: ScaleHistory, now: float
+) -> str | None:
+    """Whether the pods serving and the pods still starting drain the backlog before a pod asked
+    for now could serve (its explanation), else None.
+
+    With ``S`` the measured start-up (``Signals.startup_seconds``), ``r`` the pods ready
+    (``Signals.pods_ready``, else ``ready_replicas``), the newest ``current - r`` pods asked for
+    (:func:`_asked_at`) still starting, each predicted ready at its asked time + ``S``, and ``mu``
+    = permits / request cost what one serving pod completes per second: the backlog (queued in the
+    pods and held at the gateway) at ``now + S``, when a new pod could first serve, is
+    ``B + (offered - r x mu) x S - mu x sum(now - asked)`` over the starting pods still within
+    their prediction (each serves from its predicted ready time until ``now + S``). The backlog's
+    slope only falls as pods arrive, so when this is <= 0 the backlog is gone by then and stays
+    gone: a pod asked for now would come too late to drain it. A pod past its prediction (late,
+    failing) is credited with nothing, as if it came no sooner than a new one. None when off,
+    nothing starts, or the start-up, the cost, the permits or the offered rate is unknown."""
+    S, cost, permits, offered = signals.startup_seconds, signals.request_cost, signals.permits, signals.offered_rate
+    ready = signals.pods_ready if signals.pods_ready is not None else signals.ready_replicas
+    if not spec.count_starting or ready is None or current - ready <= 0 or signals.queue_depth is None:
+        return None
+    if S is None or cost is None or permits is None or offered is None or not (S > 0 and cost > 0 and permits > 0):
+        return None
+    mu = permits / cost
+    if max(0.0, offered) > ready * mu * (spec.target_utilisation or 1.0):
+        # the ready pods fall behind the flow: the backlog grows until the starting pods serve, by
+        # as much more as they are late, and their scheduling and image pull are not in ``S``
+        return None
+    starting = _asked_at(history, current, now)[max(0, ready):]
+    credit = sum(now - at for at in starting if at + S > now)
+    backlog = max(0.0, signals.queue_depth) + max(0.0, signals.held or 0.0)
+    left = backlog + (max(0.0, offered) - ready * mu) * S - mu * credit
+    if left > 0:
+        return None
+    on_time = sum(1 for at in starting if at + S > now)
+    return (
+        f"{len(starting)} pods starting ({on_time} within the {S:.3g}s start-up) and {ready} ready drain "
+        f"{backlog:.4g} queued at {offered:.3g}/s before a pod asked now could serve"
+    )
 
 
 def _hold(signals: Signals, spec: ScalingSpec) -> tuple[int, str] | None:
@@ -550,7 +646,8 @@ def desired_replicas(
     if burst:
         assert spec.burst_utilisation is not None and spec.target_utilisation is not None
         sized = replace(spec, target_utilisation=spec.burst_utilisation)
-    raw, why, demand, settled = _raw(signals, sized, current)
+    arriving = _arriving(signals, spec, current, history, now)
+    raw, why, demand, settled = _raw(signals, sized, current, arriving)
     if burst:
         why += f"; the load jumped at {history.jumped_at:g}s: sized for {spec.burst_utilisation:.2f} utilisation"
     bounded = min(spec.max_replicas, max(spec.min_replicas, raw))

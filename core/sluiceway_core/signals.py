@@ -15,14 +15,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import metric_names as m
+from .units import format_duration, parse_duration
 
-__all__ = ["GATEWAY_COMPONENT", "Queries", "selector"]
+__all__ = ["GATEWAY_COMPONENT", "Queries", "average_step", "selector"]
 
 _LABEL_VALUE_BAD = ('"', "\\", "\n")
 
 
 #: The label the gateway's scrape job sets on its targets (docs/autoscaling.md, "Scale to zero").
 GATEWAY_COMPONENT = 'component="gateway"'
+
+
+def average_step(window: str) -> str:
+    """The resolution of the window averages (``Queries.requests_in_pods_avg``): a twelfth of the
+    window, at least 1 s, so a 1m window is averaged over 12 points (5 s apart: every 15 s scrape
+    seen three times, a 2 s scrape every other time) and a 5s window over 5. An explicit step: a
+    subquery without one takes the global ``evaluation_interval`` (1m by default), which would
+    average a 1m window over one point. Raises ValueError on a window that is not a duration."""
+    try:
+        seconds = parse_duration(window)
+    except ValueError as e:
+        raise ValueError(f"window must be a PromQL duration like 1m: {e}") from None
+    if not seconds > 0:
+        raise ValueError(f"window must be positive, got {window!r}")
+    return format_duration(max(1.0, round(seconds / 12)))
 
 
 def selector(namespace: str, inference_service: str) -> str:
@@ -55,6 +71,17 @@ class Queries:
     request_cost: str = ""
     #: Requests in the pods, running and queued, summed (issue 21: the policy's concurrency term).
     requests_in_pods: str = ""
+    #: The same averaged over the rate window (issue 21: what the KEDA scaler reads into
+    #: ``Signals.requests_in_pods``): a clump of arrivals at a few requests in flight moves it by its
+    #: share of the window, not by its height.
+    requests_in_pods_avg: str = ""
+    #: Pods that have been ready since their process started (each exports its ``ready`` start phase
+    #: from then on, also while it drains): ``Signals.pods_ready``, and the activation's "pods
+    #: still starting" (``sum(up == 1)`` less this).
+    pods_ready: str = ""
+    #: The pods' own start-up, in seconds: the median over the pods that report it of the sum of
+    #: their start phases (fetched, loaded, warmed, ready): ``Signals.startup_seconds``.
+    startup_seconds: str = ""
     #: Requests the gateway holds now, summed over its replicas (issue 20: ``Signals.held``).
     held: str = ""
     #: Requests per second arriving at the gateway: its answers' rate plus the growth of what it
@@ -69,6 +96,7 @@ class Queries:
         s = selector(namespace, inference_service)
         pods = f'{s},component!="gateway"'  # targets (``up``) of the pods only
         want = "|".join(m.GATEWAY_WANT_OF_POD_REASONS)
+        in_pods = f"sum({m.CONCURRENCY_IN_USE}{{{s}}}) + (sum({m.QUEUE_DEPTH}{{{s}}}) or vector(0))"
         return cls(
             # Pods that are up but have not created a queue-depth series yet count as 0; if no pod
             # is up the result is empty (-> hold), never 0.
@@ -97,8 +125,17 @@ class Queries:
             ),
             # Requests in the pods now, running (permits held) and queued, summed over the pods
             # (``Signals.requests_in_pods``). Empty when no pod reports: the term is skipped.
-            requests_in_pods=(
-                f"sum({m.CONCURRENCY_IN_USE}{{{s}}}) + (sum({m.QUEUE_DEPTH}{{{s}}}) or vector(0))"
+            requests_in_pods=in_pods,
+            # ... averaged over the window: the sum evaluated every ``average_step`` (a subquery) and
+            # averaged, so a pod that stopped leaves the sum at its stale marker (averaging each
+            # pod's series first would count a stopped pod's requests, moved to the others, twice)
+            requests_in_pods_avg=f"avg_over_time(({in_pods})[{window}:{average_step(window)}])",
+            pods_ready=f'count({m.START_PHASE_SECONDS}{{{s},phase="ready"}})',
+            # per pod, the phases it went through (a pod fetched nothing without a storage
+            # initializer); only pods that reached ``ready`` have a whole start to report
+            startup_seconds=(
+                f"quantile(0.5, sum by (pod) ({m.START_PHASE_SECONDS}{{{s}}})"
+                f' and on (pod) {m.START_PHASE_SECONDS}{{{s},phase="ready"}})'
             ),
             # The gateway's hold queue (empty when no gateway is scraped: the signal is unknown).
             held=f"sum({m.GATEWAY_HELD}{{{s}}})",

@@ -30,17 +30,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sluiceway_core import metric_names as m
 from sluiceway_core.policy import Signals
 from sluiceway_core.promauth import PromAuth
 from sluiceway_core.promclient import MAX_ANSWER_BYTES, PromError, PromGarbage, instant_query
-from sluiceway_core.signals import Queries, selector
+from sluiceway_core.signals import Queries
 from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
 from sluiceway_scaler.metrics import ScalerMetrics
 
-__all__ = ["MAX_ANSWER_BYTES", "Busy", "PrometheusSource", "Queries", "ServiceStats", "was_ready_query"]
+__all__ = ["MAX_ANSWER_BYTES", "Busy", "PrometheusSource", "Queries", "ServiceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +64,9 @@ class Busy:
     #: ``sluiceway_concurrency_in_use`` plus ``sluiceway_queue_depth``); 0 when no pod reports
     in_pods: float
     #: pods scraped and up that have never been ready: ``sum(up == 1)`` of the pods' targets less
-    #: the pods with a ``sluiceway_start_phase_seconds{phase="ready"}`` series (:func:`was_ready_query`;
+    #: the pods with a ``sluiceway_start_phase_seconds{phase="ready"}`` series (``Queries.pods_ready``;
     #: a pod exports it once ready and keeps it while it drains, so a draining pod is not starting)
     starting: int
-
-
-def was_ready_query(namespace: str, inference_service: str) -> str:
-    """The pods of the service that have been ready since their process started: each exports its
-    ``ready`` start phase from then on (``sluiceway_pod.startphases``), also while draining.
-    (To move into ``sluiceway_core.signals.Queries`` with the other PromQL.)"""
-    return f'count({m.START_PHASE_SECONDS}{{{selector(namespace, inference_service)},phase="ready"}})'
 
 
 class PrometheusSource:
@@ -154,10 +146,17 @@ class PrometheusSource:
             offered = self.scalar(address, queries.offered_rate, timeout)
             cost = self.scalar(address, queries.request_cost, timeout)
             permits = self.scalar(address, queries.concurrency, timeout)
-            # Not read: Queries.requests_in_pods (an instant sample of running + queued). At a few
-            # requests in flight it jumps with every Poisson clump (the sandbox e2e saw "4 requests in
-            # the pods / (2 permits x 0.80) -> 3" at 26/s, held by the scale-down window while every
-            # other term asked for 1); it needs a window average first (docs/autoscaling.md).
+            # the requests in the pods averaged over the rate window, not the instant sample
+            # (Queries.requests_in_pods): at a few requests in flight that jumps with every Poisson
+            # clump (the sandbox e2e saw "4 requests in the pods / (2 permits x 0.80) -> 3" at 26/s,
+            # held by the scale-down window while every other term asked for 1)
+            avg = queries.requests_in_pods_avg
+            in_pods = self.scalar(address, avg, timeout) if avg else None
+            # ... and the instant sample, which the policy takes only beyond twice its Poisson noise
+            in_now = self.scalar(address, queries.requests_in_pods, timeout) if in_pods is not None else None
+            # the start-up term (sluiceway_core.policy._arriving): pods ready once, measured start-up
+            ready_once = self.scalar(address, queries.pods_ready, timeout) if queries.pods_ready else None
+            startup = self.scalar(address, queries.startup_seconds, timeout) if queries.startup_seconds else None
         except SourceUnavailable as e:
             log.warning("prometheus read failed: %s", e.message)
             return Signals(None, ok=False, detail=f"{e.reason}: {e.message}"), None
@@ -177,6 +176,10 @@ class PrometheusSource:
                 request_cost=_finite(cost),
                 permits=int(limit) if limit is not None and limit >= 1 else None,
                 ready_replicas=up,
+                requests_in_pods=_count(in_pods),
+                requests_in_pods_now=_count(in_now),
+                pods_ready=None if (ready_n := _count(ready_once)) is None else int(ready_n),
+                startup_seconds=startup if startup is not None and math.isfinite(startup) and startup > 0 else None,
                 held=held,
                 edge_rate=edge,
                 refused_no_pod=refused,
@@ -184,14 +187,14 @@ class PrometheusSource:
             up,
         )
 
-    def read_busy(self, address: str, queries: Queries, was_ready: str, timeout: float) -> Busy:
+    def read_busy(self, address: str, queries: Queries, timeout: float) -> Busy:
         """Requests in the pods and pods still starting (:class:`Busy`). An empty answer counts as
         0 (no pod reports); raises :class:`SourceUnavailable` (or :class:`SourceGarbage`) when
         Prometheus cannot be read or answers a value that is not a finite count, which the caller
         treats as unknown (never a deactivation)."""
         in_pods = self.scalar(address, queries.requests_in_pods, timeout) if queries.requests_in_pods else None
         up = self.scalar(address, queries.pods_up, timeout)
-        ready = self.scalar(address, was_ready, timeout)
+        ready = self.scalar(address, queries.pods_ready, timeout) if queries.pods_ready else None
         for name, x in (("requests in the pods", in_pods), ("pods up", up), ("pods ready once", ready)):
             if x is not None and not (math.isfinite(x) and x >= 0):
                 raise SourceGarbage(f"Prometheus at {address}: {name} is {x}")

@@ -82,7 +82,7 @@ from sluiceway_scaler.errors import (
 from sluiceway_scaler.metadata import TriggerConfig, parse_metadata
 from sluiceway_scaler.metrics import ScalerMetrics
 from sluiceway_scaler.podpoll import PodActivity, poll_pods
-from sluiceway_scaler.prom import Busy, PrometheusSource, was_ready_query
+from sluiceway_scaler.prom import Busy, PrometheusSource
 
 __all__ = [
     "FORGET_AFTER",
@@ -380,9 +380,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             if entry.busy is not None and self._clock() - entry.busy_at < self._ttl:
                 return entry.busy
             queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
-            was_ready = was_ready_query(cfg.namespace, cfg.inference_service)
             try:
-                busy = self._source.read_busy(cfg.prometheus_address, queries, was_ready, cfg.query_timeout)
+                busy = self._source.read_busy(cfg.prometheus_address, queries, cfg.query_timeout)
             except SourceUnavailable as e:
                 log.warning("prometheus read failed: %s", e.message)
                 return None

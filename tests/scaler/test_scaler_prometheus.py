@@ -184,6 +184,33 @@ def test_load_step_scales_up_fast_and_down_only_after_window(
     assert (reg.get_sample_value("sluiceway_scaler_decisions_total", {"direction": "down"}) or 0) >= 1
 
 
+def test_the_scaler_reads_the_window_averaged_requests_in_the_pods_and_the_start_up(
+    pod: Pod, prometheus: Prometheus
+) -> None:
+    """The real Prometheus evaluates the new queries (issue 21, 22 §1): under a steady load of 4
+    closed-loop clients on the one-permit pod, the window average of the requests in the pods
+    (``Queries.requests_in_pods_avg``, a subquery) reads about 4 in the scaler's signals, next to
+    the instant sample; the pod has been ready once (``Queries.pods_ready``) and its measured
+    start-up is a positive number of seconds (``Queries.startup_seconds``)."""
+    queries = Queries.build(NAMESPACE, SERVICE, "5s")
+    src = PrometheusSource(allow=UrlAllowList.build("test", [prometheus.url]))
+    load = Load(pod.infer_url, 4, 9.0).start()
+    try:
+        time.sleep(7.0)  # the 5 s window filled with scrapes of the loaded pod
+        signals, _ = src.read_signals(prometheus.url, queries, 2.0)
+    finally:
+        load.join()
+    print(
+        f"\nwindow average {signals.requests_in_pods}, instant {signals.requests_in_pods_now}, "
+        f"pods ready once {signals.pods_ready}, start-up {signals.startup_seconds}s"
+    )
+    assert signals.ok, signals.detail
+    assert signals.requests_in_pods is not None and 2.0 <= signals.requests_in_pods <= 4.0
+    assert signals.requests_in_pods_now is not None and 0.0 <= signals.requests_in_pods_now <= 4.0
+    assert signals.pods_ready == 1
+    assert signals.startup_seconds is not None and signals.startup_seconds > 0
+
+
 def test_prometheus_stopped_holds_the_value(pod: Pod, prometheus: Prometheus, scaler: Scaler) -> None:
     md = metadata(prometheus)
     wait_for(lambda: get_metric(scaler, md) == 1.0, 30, "GetMetrics = 1 at idle")
