@@ -7,6 +7,15 @@ mounted in the gateway and in the pods at :data:`DEFAULT_TOKEN_FILE` and named i
 A pod whose token equals the presented one takes the tenant and the class from those headers (see
 docs/pod.md, "Behind the gateway").
 
+The start signal: with the token the gateway also sends :data:`START_SIGNAL_HEADER` (``1``); a pod
+that trusts the token then writes an HTTP/1.1 informational answer (``103`` carrying
+:data:`STARTED_HEADER`) on that connection when the request starts executing on a permit, before
+its final answer. A request the pod refused or answered before that gets none. So when the pod's
+connection dies before the final answer, the gateway knows whether the pod had started the request
+(502 ``upstream_lost``) or had only queued it (sent once more, to another pod). A client's own
+:data:`START_SIGNAL_HEADER` is removed by the gateway with the other edge headers and ignored by a
+pod without the token.
+
 :class:`EdgeToken` holds the token read from its file and reads it again when it changed (checked at
 most every ``period`` seconds: a stat, and a read of at most :data:`MAX_TOKEN_BYTES` bytes when the
 file's identity, size or mtime moved; the kubelet's symlink swap of a mounted Secret changes all
@@ -33,6 +42,9 @@ __all__ = [
     "EDGE_TENANT_HEADER",
     "EDGE_TOKEN_HEADER",
     "MAX_TOKEN_BYTES",
+    "STARTED_HEADER",
+    "STARTED_INFORMATIONAL",
+    "START_SIGNAL_HEADER",
     "EdgeToken",
     "valid_tenant_name",
 ]
@@ -43,8 +55,14 @@ DEFAULT_TOKEN_FILE = "/etc/sluiceway/edge/token"
 EDGE_TOKEN_HEADER = "x-sluiceway-edge-token"
 EDGE_TENANT_HEADER = "x-sluiceway-tenant"
 EDGE_PRIORITY_HEADER = "x-sluiceway-edge-priority"
+#: the gateway asks the pod for a start signal (honoured only with the edge token)
+START_SIGNAL_HEADER = "x-sluiceway-start-signal"
+#: the header of the informational answer a pod writes when the request starts executing
+STARTED_HEADER = "x-sluiceway-started"
+#: that informational answer, as written on the wire (HTTP/1.1 only)
+STARTED_INFORMATIONAL = b"HTTP/1.1 103 Early Hints\r\n" + STARTED_HEADER.encode() + b": 1\r\n\r\n"
 #: what the gateway removes from every client request before forwarding it
-EDGE_HEADERS = frozenset({EDGE_TOKEN_HEADER, EDGE_TENANT_HEADER, EDGE_PRIORITY_HEADER})
+EDGE_HEADERS = frozenset({EDGE_TOKEN_HEADER, EDGE_TENANT_HEADER, EDGE_PRIORITY_HEADER, START_SIGNAL_HEADER})
 MAX_TOKEN_BYTES = 4096
 #: the shortest token accepted: a shorter file is treated as no token (nothing is trusted)
 MIN_TOKEN_BYTES = 16

@@ -99,6 +99,9 @@ class Ticket(Generic[P]):
     rows: int = 1  # rows (dim 0) of the request: its device cost scales with them
     cost: float = 0.0  # estimated device seconds, charged to its tenant when dispatched
     dispatched: float = 0.0  # when it was dispatched to a permit (0.0: not yet, or never)
+    #: called once, on the loop, when its batch starts executing (the pod's start signal to the
+    #: gateway: :mod:`sluiceway_pod.transport`); set by the dispatcher, never by the core
+    on_start: Callable[[], None] | None = None
 
     def resolve(self, result: Any = None, error: SluicewayError | None = None) -> bool:
         """Answer once. Returns False (and does nothing) if already answered."""

@@ -20,7 +20,9 @@ Behind the gateway: a request whose ``X-Sluiceway-Edge-Token`` equals ``edge.tok
 ``X-Sluiceway-Tenant`` and its class ``X-Sluiceway-Edge-Priority``, no API key is checked and the
 tenant's rate/burst is not applied (the gateway holds the quota); the class ceiling, fair share, aging,
 ``maxConcurrent`` and the queue bounds still are. A wrong token is 401; a request without one is
-checked as ever (API key, rate and all), whatever tenant header it carries.
+checked as ever (API key, rate and all), whatever tenant header it carries. Only such a request
+gets the start signal the gateway asks for (``X-Sluiceway-Start-Signal``, see
+:mod:`sluiceway_core.edge`): :meth:`DataPlane.infer_body`'s ``on_start``.
 
 Drain (SIGTERM): readiness turns false at once; admission stays open ``server.drainDelaySeconds``
 (while endpoints are being removed; requests admitted then must fit the remaining budget), then
@@ -628,15 +630,19 @@ class DataPlane:
         body: bytes | list[bytes],
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Response:
         """Decode, admit and await the answer of a request :meth:`admit_headers` let through.
+        ``on_start`` (the start signal, for a request the gateway vouched for) is called on the loop
+        when the request starts executing: its batch dispatched to a permit, or the fallback model
+        called; never for one refused or answered before (a cache hit included).
 
         ``body`` may come boxed (a one-element list the caller keeps no other reference to): a JSON
         body is then freed, and its share of the :class:`BodyBudget` given back, as soon as it is
         decoded; a body with binary tensors (whose arrays share its bytes) holds its share until
         the answer. Whatever ``adm`` still holds is given back here, on every path."""
         try:
-            resp = await self._infer(adm, body, headers, disconnected)
+            resp = await self._infer(adm, body, headers, disconnected, on_start)
         finally:
             self.bodies.release(adm)
         self.metrics.answered(adm.tenant.label, adm.priority, resp.status)
@@ -648,6 +654,7 @@ class DataPlane:
         boxed: bytes | list[bytes],
         headers: Mapping[str, str],
         disconnected: Callable[[], Awaitable[Any]] | None,
+        on_start: Callable[[], None] | None = None,
     ) -> Response:
         assert self.core is not None and self.dispatcher is not None and self.runner is not None
         tenant, rank, priority, budget = adm.tenant, adm.rank, adm.priority, adm.budget
@@ -678,7 +685,7 @@ class DataPlane:
                 core.predicted_wait(rank, tenant) > deg.wait_threshold_seconds or not core.has_room(rank, tenant)
             ):
                 core.precheck(tenant, rank, priority, check_rate=False)
-                return await self._degrade(req, tenant, priority)
+                return await self._degrade(req, tenant, priority, on_start)
             ticket, fut = disp.submit(
                 tenant,
                 rank,
@@ -687,6 +694,7 @@ class DataPlane:
                 batch_key=batch_key(req.inputs),
                 client_budget=budget,
                 check_rate=False,  # the token was taken in admit_headers
+                on_start=on_start,
             )
         except SluicewayError as e:  # refused at admission (already counted by the core)
             return error_response(e)
@@ -770,14 +778,19 @@ class DataPlane:
             hdrs[DEGRADED_HEADER] = degraded
         return Response(200, body, hdrs)
 
-    async def _degrade(self, req: InferRequest, tenant: Tenant, priority: str) -> Response:
-        """The ladder: fallback model, then the response cache, then 429."""
+    async def _degrade(
+        self, req: InferRequest, tenant: Tenant, priority: str, on_start: Callable[[], None] | None = None
+    ) -> Response:
+        """The ladder: fallback model, then the response cache, then 429. ``on_start`` is called when
+        the fallback model is called (work starts), not for a cache hit or the 429."""
         assert self.core is not None
         if self.fallback is not None and self._fallback_slots is not None and self._fallback_slots.try_take():
             self._fallback_inflight += 1  # the drain waits for fallback calls too
             self._fallback_idle.clear()
             try:
                 loop = asyncio.get_running_loop()
+                if on_start is not None:
+                    on_start()
                 out = await loop.run_in_executor(self._fallback_pool, self.fallback.predict, [req.inputs])
             except Exception:
                 log.exception("fallback model failed")

@@ -25,6 +25,12 @@ task wakes when the next one turns stuck and reports the count through ``on_stuc
 permit is stuck nothing can ever dispatch again, :attr:`wedged` is true and the pod's liveness probe
 fails so that Kubernetes restarts it.
 
+Start signal: a ticket submitted with ``on_start`` has it called on the loop thread in
+:meth:`Dispatcher._launch`, when its batch is handed to a worker thread (alone or with others), and
+never for a ticket answered before that (refused, expired, withdrawn, displaced). The pod's protocol
+writes its ``103`` from it (:mod:`~sluiceway_pod.transport`); a failing callback is logged and
+does not stop the batch.
+
 Futures: every answer future gets a done-callback that retrieves its exception, so a request whose
 client went away (and whose coroutine no longer awaits the future) never logs "Future exception was
 never retrieved".
@@ -143,9 +149,11 @@ class Dispatcher(Generic[P]):
         batch_key: Hashable,
         client_budget: float | None,
         check_rate: bool = True,
+        on_start: Callable[[], None] | None = None,
     ) -> tuple[Ticket[P], asyncio.Future[Any]]:
         """Admit (or raise the refusal), and start it at once if a permit is free and it is next.
-        The future resolves to the result or raises the error."""
+        The future resolves to the result or raises the error; ``on_start`` is called (on the loop)
+        when it starts executing, never if it is answered before."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
 
@@ -167,6 +175,7 @@ class Dispatcher(Generic[P]):
             client_budget=client_budget,
             check_rate=check_rate,
         )
+        ticket.on_start = on_start  # before the pump below may launch it
         self._idle.clear()
         self._pump()
         return ticket, fut
@@ -202,6 +211,14 @@ class Dispatcher(Generic[P]):
         timer = loop.call_later(self.exec_timeout, self._timed_out, batch)
         self._running[id(batch)] = _Running(batch, timer)
         self._pool.submit(self._work, loop, batch)
+        for t in batch.tickets:
+            signal = t.on_start
+            if signal is not None:
+                t.on_start = None
+                try:
+                    signal()
+                except Exception:  # a connection's write failing must not stop the batch
+                    log.exception("the start signal of a request failed")
 
     def _work(self, loop: asyncio.AbstractEventLoop, batch: Batch[P]) -> None:
         """In a worker thread: run the batch and hand the outcome to the loop."""

@@ -20,6 +20,13 @@ they cannot be read as the next request. The one exception is a request that ann
 headers announced, and the next request would be parsed as that body; such a refusal carries
 ``Connection: close``.
 
+The start signal: for a request the gateway vouched for (its edge token:
+:attr:`~sluiceway_pod.data_plane.Admitted.edge`) that asked for it (``X-Sluiceway-Start-Signal: 1``),
+the protocol puts a callable in the scope (:data:`START_EXTENSION`) that writes an HTTP/1.1 ``103``
+with ``X-Sluiceway-Started: 1``; this path hands it to the data plane, which calls it when the
+request starts executing. Without the edge token the callable is never used: a direct client gets
+no informational answer whatever it sends.
+
 Concurrency model: runs on the server's event loop, like the data plane it calls.
 """
 
@@ -56,6 +63,12 @@ def infer_model_name(path: str) -> str | None:
 #: admitted infer request: ``{"admitted": Admitted, "headers": headers}``, the headers as a ``str``
 #: dict with lower-case names.
 ADMITTED_EXTENSION = "sluiceway.admitted"
+
+#: The ASGI scope extension in which the transport puts the start signal of a request that asked for
+#: one (``X-Sluiceway-Start-Signal: 1`` on HTTP/1.1): a ``() -> None`` to call on the loop when the
+#: request starts executing, which writes the ``103`` on its connection (at most once, and only while
+#: the final answer has not begun). Used only for a request with the gateway's edge token.
+START_EXTENSION = "sluiceway.start_signal"
 
 _NOT_ALLOWED = {"content-type": "application/json", "allow": "POST"}
 
@@ -113,7 +126,8 @@ class InferFastPath:
             if isinstance(decided, Admitted):
                 if tracer is not None:
                     span = tracer.start(headers)
-                r = await self._infer(decided, headers, receive)
+                start = extensions.get(START_EXTENSION) if extensions and decided.edge else None
+                r = await self._infer(decided, headers, receive, start)
             else:
                 r = decided
                 if headers.get("expect", "").lower() == "100-continue":
@@ -169,7 +183,9 @@ class InferFastPath:
             plane.bodies.take(decided, n)  # fits: nothing ran since the check
         return decided
 
-    async def _infer(self, admitted: Admitted, headers: dict[str, str], receive: Receive) -> Response:
+    async def _infer(
+        self, admitted: Admitted, headers: dict[str, str], receive: Receive, on_start: Callable[[], None] | None = None
+    ) -> Response:
         """Read the body (within ``server.bodyTimeoutSeconds``), then decode, admit and answer.
         What the request holds of the body budget is given back exactly once on every path
         (:meth:`~sluiceway_pod.data_plane.BodyBudget.release` is idempotent; this ``finally`` also
@@ -186,7 +202,7 @@ class InferFastPath:
                     if message["type"] == "http.disconnect":
                         return
 
-            return await plane.infer_body(admitted, box, headers, disconnected)
+            return await plane.infer_body(admitted, box, headers, disconnected, on_start)
         finally:
             plane.bodies.release(admitted)
 

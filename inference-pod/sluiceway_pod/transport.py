@@ -29,6 +29,14 @@ kept alive unless the client asked to close it, the request announced ``Expect: 
 body it announced may never come, and would be parsed as the next request: see
 :mod:`~sluiceway_pod.fastpath`), or the server is shutting down; then it is closed.
 
+**Start signal.** A request that asks for one (``X-Sluiceway-Start-Signal: 1``, HTTP/1.1) and goes
+on through the ASGI cycle gets a callable in its scope
+(:data:`~sluiceway_pod.fastpath.START_EXTENSION`) that writes ``HTTP/1.1 103 Early Hints`` with
+``X-Sluiceway-Started: 1`` on the connection, at most once and only while the final answer has not
+begun and the connection is open. The fast path uses it only for a request with the gateway's edge
+token; the dispatcher calls it on the loop when the request starts executing. So a request refused
+on its headers, or before it starts, gets no ``103``; a client without the token gets none at all.
+
 Concurrency model: protocol callbacks run on the server's event loop, one connection per protocol
 object; the decision runs inside the parser callback, synchronously, like the data plane it calls.
 """
@@ -41,10 +49,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
+from sluiceway_core.edge import START_SIGNAL_HEADER, STARTED_INFORMATIONAL
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .data_plane import Admitted, Response
-from .fastpath import ADMITTED_EXTENSION, infer_model_name
+from .fastpath import ADMITTED_EXTENSION, START_EXTENSION, infer_model_name
 from .logs import REQUEST_ID_HEADER, AccessLog, request_id
 
 log = logging.getLogger("sluiceway.server")
@@ -157,6 +166,24 @@ class _Answered:
 
 _ANSWERED: Any = _Answered()
 _CLOSE = b"connection: close\r\n"
+_START_SIGNAL = START_SIGNAL_HEADER.encode()
+
+
+def start_signal(cycle: Any) -> Callable[[], None]:
+    """The start signal of the request served by uvicorn's request cycle ``cycle``: writes the
+    ``103`` on its connection once, if the final answer has not begun and the connection is open.
+    Called on the loop."""
+    sent = False
+
+    def started() -> None:
+        nonlocal sent
+        transport = cycle.transport
+        if sent or cycle.response_started or cycle.disconnected or transport.is_closing():
+            return
+        sent = True
+        transport.write(STARTED_INFORMATIONAL)
+
+    return started
 
 
 def _wire(r: Response) -> bytes:
@@ -180,6 +207,17 @@ class InferenceProtocol(HeaderDeadlineProtocol):
 
 
     def on_headers_complete(self) -> None:
+        before = self.cycle
+        self._answer_or_pass()
+        cycle = self.cycle
+        if cycle is before or cycle is _ANSWERED or cycle is None:
+            return  # answered on the headers, or an upgrade: no request cycle of its own
+        if self.parser.get_http_version() == "1.1" and (_START_SIGNAL, b"1") in self.headers:
+            extensions: Any = self.scope.setdefault("extensions", {})
+            extensions[START_EXTENSION] = start_signal(cycle)
+
+    def _answer_or_pass(self) -> None:
+        """Answer a refusal on the headers, or pass the request on to uvicorn's ASGI cycle."""
         decide = self.decide
         if decide is None or not self._may_answer_now():
             return super().on_headers_complete()
