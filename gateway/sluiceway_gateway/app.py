@@ -22,7 +22,11 @@ One request's path (:meth:`Gateway.handle`):
    ``draining``) is excluded and the request is sent once more, to another pod, if its deadline
    allows; a pod that could not be connected to (nothing sent) is marked down and the request tries
    the next pod. A connection lost after sending gets 502 ``upstream_lost`` (the pod may have run it:
-   never resent), a deadline passed waiting gets 504 ``deadline``.
+   never resent), a deadline passed waiting gets 504 ``deadline``; except a request sent with the
+   edge token, which asks the pod for its start signal (a ``103`` when the request starts
+   executing: :mod:`sluiceway_core.edge`): lost before that signal came, the pod had only queued it,
+   so it is sent once more to another pod within its deadline (``retries`` reason
+   ``pod_lost_unstarted``); lost after it, 502 ``upstream_lost`` as above.
 
 The deadline is the client's ``X-Sluiceway-Deadline-Ms`` (forwarded to the pod reduced by the time
 spent here) or ``limits.requestTimeoutSeconds``.
@@ -47,7 +51,14 @@ from collections import deque
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
-from sluiceway_core.edge import EDGE_HEADERS, EDGE_PRIORITY_HEADER, EDGE_TENANT_HEADER, EDGE_TOKEN_HEADER, EdgeToken
+from sluiceway_core.edge import (
+    EDGE_HEADERS,
+    EDGE_PRIORITY_HEADER,
+    EDGE_TENANT_HEADER,
+    EDGE_TOKEN_HEADER,
+    START_SIGNAL_HEADER,
+    EdgeToken,
+)
 
 from .admission import EdgeAdmission, Ticket
 from .config import GatewayConfig
@@ -66,7 +77,7 @@ from .errors import (
 )
 from .hold import Held, HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room, start_left_seconds
 from .ledger import LOAD_HEADERS, QUEUE_FULL_LEVEL, PodLoad, apply_headers, observe_latency, routable, stale
-from .metrics import GatewayMetrics
+from .metrics import RETRY_POD_LOST_UNSTARTED, GatewayMetrics
 from .routing import choose, refusal_reason, retryable
 from .server import Request, Responder
 from .upstream import ConnectFailed, Lost, Pool, UpstreamConn, UpstreamResponse
@@ -92,6 +103,8 @@ ANSWER_WINDOW = 1.0
 ANSWER_WINDOW_MAX = 8192
 #: client-sent edge headers: never forwarded (only the gateway may vouch for a request)
 _EDGE_IN = frozenset(h.encode() for h in EDGE_HEADERS)
+#: the start signal's ask, sent with the edge token only
+_SIGNAL_ASK = START_SIGNAL_HEADER.encode() + b": 1"
 
 
 class Gateway:
@@ -353,18 +366,17 @@ class Gateway:
                 budget = min(budget, ms / 1000.0)
         return self.clock() + budget
 
-    def _request_bytes(self, req: Request, host: str, deadline: float, ticket: Ticket | None = None) -> bytes:
+    def _request_bytes(self, req: Request, host: str, deadline: float, ticket: Ticket | None = None,
+                       token: bytes | None = None) -> bytes:
         """The request as sent to a pod: the client's headers less hop-by-hop and edge ones, the
         deadline reduced by the time spent here, and, for a request admitted here with an edge token
-        in force, the token, the tenant and the admitted class."""
+        in force (``token``), the token, the tenant, the admitted class and the start signal's ask."""
         target = req.path.encode("latin-1") + (b"?" + req.query if req.query else b"")
         parts = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (req.method.encode("ascii"), target, host.encode())]
-        if ticket is not None and self.edge is not None:
-            token = self.edge.value
-            if token is not None:
-                parts.append(b"%s: %s\r\n%s: %s\r\n%s: %s\r\n" % (
-                    EDGE_TOKEN_HEADER.encode(), token, EDGE_TENANT_HEADER.encode(), ticket.tenant.name.encode(),
-                    EDGE_PRIORITY_HEADER.encode(), self.config.priorities.classes[ticket.rank].encode()))
+        if ticket is not None and token is not None:
+            parts.append(b"%s: %s\r\n%s: %s\r\n%s: %s\r\n%s\r\n" % (
+                EDGE_TOKEN_HEADER.encode(), token, EDGE_TENANT_HEADER.encode(), ticket.tenant.name.encode(),
+                EDGE_PRIORITY_HEADER.encode(), self.config.priorities.classes[ticket.rank].encode(), _SIGNAL_ASK))
         for k, v in req.raw_headers:
             lk = k.lower()
             if lk in _HOP or lk in _EDGE_IN:
@@ -538,6 +550,7 @@ class Gateway:
         deadline = self._deadline(req)
         exclude: set[str] = set()
         refused_once = False
+        lost_once = False
         connect_tries = 0
         m = self.metrics
         while True:
@@ -577,9 +590,15 @@ class Gateway:
                     continue
                 try:
                     resp = await self._answer_head(conn, req, ep, deadline, ticket)
-                except UpstreamLost:
+                except UpstreamLost as err:
                     pod.down = True  # no new request until a poll finds it again
                     pod.heard_at = self.clock()
+                    if err.unstarted and not lost_once and not self.closing and self.clock() < deadline:
+                        # the pod had only queued it (no start signal came): once more, elsewhere
+                        lost_once = True
+                        exclude.add(pod.key)
+                        m.retries.labels(RETRY_POD_LOST_UNSTARTED).inc()
+                        continue
                     raise
                 now = self.clock()
                 self._heard(pod, resp, now)
@@ -621,7 +640,9 @@ class Gateway:
 
     async def _answer_head(self, conn: UpstreamConn, req: Request, ep: Endpoint, deadline: float,
                            ticket: Ticket | None) -> UpstreamResponse:
-        head = conn.send(self._request_bytes(req, ep.key, deadline, ticket), head_request=req.method == "HEAD")
+        token = self.edge.value if ticket is not None and self.edge is not None else None
+        head = conn.send(self._request_bytes(req, ep.key, deadline, ticket, token),
+                         head_request=req.method == "HEAD", start_signal=token is not None)
         cut = False
 
         def on_cut() -> None:
@@ -636,7 +657,10 @@ class Gateway:
             conn.close()
             raise DeadlineExceeded("no answer from the pod within the request's deadline") from None
         except Lost as err:
-            raise UpstreamLost(f"the pod's connection failed after the request was sent ({err})") from None
+            started = "" if not conn.signalled else (
+                "; the pod had not started it" if conn.unstarted else "; the pod had started it")
+            raise UpstreamLost(f"the pod's connection failed after the request was sent ({err}){started}",
+                               unstarted=conn.unstarted) from None
         except asyncio.CancelledError:
             if not cut:
                 raise

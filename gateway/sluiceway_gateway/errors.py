@@ -73,9 +73,15 @@ class NoReadyPods(GatewayError):
 
 
 class UpstreamLost(GatewayError):
-    """The pod's connection failed after the request was sent: it may have run, so it is not retried."""
+    """The pod's connection failed after the request was sent. ``unstarted``: the gateway asked the
+    pod for the start signal and none came (the pod had only queued the request), so the request may
+    be sent once more to another pod; otherwise it may have run, and it is not retried."""
 
     reason = "upstream_lost"
+
+    def __init__(self, message: str, *, unstarted: bool = False) -> None:
+        super().__init__(message)
+        self.unstarted = unstarted
 
 
 class DeadlineExceeded(GatewayError):

@@ -14,12 +14,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sluiceway_core.metric_names import GATEWAY_WANT_OF_POD_REASONS
 
 MAX_POD_LABELS = 64
+#: the ``retries`` reason of a request resent because its pod's connection died before the pod
+#: started it (no start signal came: docs/gateway.md, failure modes)
+RETRY_POD_LOST_UNSTARTED = "pod_lost_unstarted"
 KNOWN_REASONS = frozenset({
     "invalid_input", "unauthenticated", "priority_forbidden", "not_found", "body_timeout", "payload_too_large",
     "headers_too_large", "rate_limited", "tenant_queue_full", "too_many_connections", "no_ready_pods",
     "upstream_lost", "deadline", "gateway_draining", "header_timeout", "slow_reader", "internal",
     "queue_full", "displaced", "not_ready", "draining", "connect_failed", "hold_full", "hold_tenant_full",
-    "hold_timeout", "no_capacity_in_time", "client_closed", "connection_limit",
+    "hold_timeout", "no_capacity_in_time", "client_closed", "connection_limit", RETRY_POD_LOST_UNSTARTED,
 })
 HOLD_BOUNDS = frozenset({"full", "bytes_full", "tenant_full", "tenant_bytes_full"})
 HOLD_OUTCOMES = ("handed_off", "expired", "shutdown", "cancelled", "client_closed", "no_capacity_in_time")

@@ -7,6 +7,12 @@ to reuse), else connects within ``connect_timeout``. A connect failure raises :c
 nothing was sent, so the request may go elsewhere. A connection lost after the request was written
 raises :class:`Lost` (the pod may have started it).
 
+Informational answers (1xx but ``101``) are skipped, as HTTP/1.1 requires of a client: the caller
+sees only the final answer. One that carries ``X-Sluiceway-Started`` (the pod's start signal, asked
+for with ``start_signal=True``: :mod:`sluiceway_core.edge`) sets :attr:`UpstreamConn.started`, so
+when the connection dies before the final answer :attr:`UpstreamConn.unstarted` tells a request the
+pod had only queued (safe to send elsewhere) from one it was running.
+
 The response body is streamed: chunks wait in a bounded buffer (``high_water`` bytes, then the pod's
 socket stops being read) until the consumer takes them with :meth:`UpstreamResponse.chunks`.
 
@@ -21,6 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import httptools
+from sluiceway_core.edge import STARTED_HEADER
 
 
 class ConnectFailed(Exception):
@@ -29,6 +36,9 @@ class ConnectFailed(Exception):
 
 class Lost(Exception):
     """The pod's connection closed or broke after the request was sent."""
+
+
+_STARTED = STARTED_HEADER.encode()
 
 
 class UpstreamResponse:
@@ -100,6 +110,10 @@ class UpstreamConn(asyncio.Protocol):
         self.wake: asyncio.Future[None] | None = None
         self.keep_alive = False
         self._headers: list[tuple[bytes, bytes]] = []
+        #: the pod was asked for its start signal / sent it (a 1xx with ``X-Sluiceway-Started``)
+        self.signalled = False
+        self.started = False
+        self._informational = False  # the message being parsed is a 1xx: skipped
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -128,7 +142,14 @@ class UpstreamConn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         r = self.response
         assert r is not None and self.head is not None
-        r.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # informational: skipped (101 is an upgrade: refused)
+            self._informational = True
+            if any(k == _STARTED for k, _ in self._headers):
+                self.started = True
+            self._headers = []
+            return
+        r.status = status
         r.headers = self._headers
         if self.head_request:
             # an answer to HEAD has no body whatever its content-length says; the parser cannot be
@@ -149,6 +170,9 @@ class UpstreamConn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._informational:  # the final answer is still to come
+            self._informational = False
+            return
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
         self._wake()
@@ -170,14 +194,22 @@ class UpstreamConn(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
-    def send(self, data: bytes, head_request: bool = False) -> asyncio.Future[UpstreamResponse]:
+    def send(self, data: bytes, head_request: bool = False,
+             start_signal: bool = False) -> asyncio.Future[UpstreamResponse]:
+        """Write the request; ``start_signal``: ``data`` asks the pod for its start signal."""
         self._reset()
+        self.signalled = start_signal
         self.head_request = head_request
         self.response = UpstreamResponse(self)
         self.head = self.loop.create_future()
         self.head.add_done_callback(_consume)
         self.transport.write(data)
         return self.head
+
+    @property
+    def unstarted(self) -> bool:
+        """The pod was asked for its start signal and has not sent it: it had not started the request."""
+        return self.signalled and not self.started
 
     @property
     def reusable(self) -> bool:
