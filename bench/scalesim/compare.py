@@ -86,6 +86,16 @@ def build_policies(
         "ours-keda-before": lambda: OursKeda(
             before, rendered_behavior(before, windows_add_up=True), name="ours-keda-before"
         ),
+        # the scaler reading the requests in the pods as an instant sample (the tables before it
+        # read their window average, issue 21): what the builtin engine reads
+        "ours-keda-instant": lambda: OursKeda(
+            spec, rendered_behavior(spec, windows_add_up=True), averaged=False, name="ours-keda-instant"
+        ),
+        # the start-up rule on (ScalingSpec.count_starting, off by default): pods still starting
+        # count as capacity arriving at their predicted ready time
+        "ours-keda-startup": lambda: OursKeda(
+            replace(spec, count_starting=True), rendered_behavior(spec, windows_add_up=True), name="ours-keda-startup"
+        ),
         "ours-builtin": lambda: OursBuiltin(spec),
         # needs the gateway (issues 19/20) deployed: its exact counts, the builtin engine every 2 s
         "ours-gateway": lambda: OursGateway(spec),

@@ -40,6 +40,8 @@ from sluiceway_core.policy import (
     Signals,
     desired_replicas,
 )
+from sluiceway_core.signals import average_step
+from sluiceway_core.units import parse_duration
 
 from .model import PodPool, ServiceModel, ceil_div
 from .observe import Prometheus
@@ -191,15 +193,28 @@ def spec_at_029d718(max_replicas: int) -> ScalingSpec:
 
 
 def _signals(
-    t: int, prom: Prometheus, predictive: bool, window: int, pod_polls: bool = False, count_held: bool = False
+    t: int,
+    prom: Prometheus,
+    predictive: bool,
+    window: int,
+    pod_polls: bool = False,
+    count_held: bool = False,
+    averaged: bool = False,
 ) -> Signals:
     """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window.
     ``count_held``: the requests held at the gateway count with the requests in the pods (issue 20:
-    the demand term counts held requests)."""
+    the demand term counts held requests). ``averaged``: the requests in the pods averaged over the
+    window (``Queries.requests_in_pods_avg``, what the KEDA scaler reads) instead of the instant sum
+    (``Queries.requests_in_pods``, the builtin engine's)."""
     q = prom.queue_depth(t)
     if q is None:
         return Signals(queue_depth=None, ok=False, detail="no scrape yet or the query failed")
-    in_pods = prom.concurrency_live(t) if pod_polls else prom.concurrency(t)
+    if pod_polls:
+        in_pods = prom.concurrency_live(t)
+    elif averaged:
+        in_pods = prom.concurrency_avg(t, window, _avg_step(window))
+    else:
+        in_pods = prom.concurrency(t)
     held = prom.held(t)
     if count_held and in_pods is not None:
         in_pods += held or 0.0
@@ -214,12 +229,20 @@ def _signals(
         offered_rate=prom.offered_rate(t, window),
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
+        pods_ready=prom.pods_ready(t) if averaged else None,
+        startup_seconds=prom.startup(t) if averaged else None,
         requests_in_pods=in_pods,
+        requests_in_pods_now=prom.concurrency(t) if averaged and not pod_polls else None,
         # the gateway's held requests (issue 20: the policy's hold term; 0 without an edge)
         held=None if count_held else held,
         # the gateway's arrivals (answers + the held count's growth): every arrival reaches the edge
         edge_rate=prom.offered_rate(t, window) if held else None,
     )
+
+
+def _avg_step(window: int) -> int:
+    """``sluiceway_core.signals.average_step`` of a ``window``-second window, in seconds."""
+    return max(1, round(parse_duration(average_step(f"{window}s"))))
 
 
 @dataclass
@@ -299,6 +322,9 @@ class OursKeda:
     pod_polls: bool = False
     #: the scaler adds the gateway's held requests to the requests in the pods (issue 20)
     count_held: bool = False
+    #: the scaler reads the requests in the pods averaged over its rate window
+    #: (``Queries.requests_in_pods_avg``, as ``sluiceway_scaler.prom`` does); False: the instant sum
+    averaged: bool = True
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
     _hpa: Hpa | None = None
@@ -306,7 +332,9 @@ class OursKeda:
 
     def _scaler(self, t: int, prom: Prometheus, pool: PodPool) -> int:
         current = pool.target if self._last is None else self._last
-        signals = _signals(t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held)
+        signals = _signals(
+            t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held, averaged=self.averaged
+        )
         # the scaler remembers the last request cost it measured (sluiceway_scaler.service): back
         # from zero nothing was served in the rate window, and the hold term sizes with it
         if signals.request_cost is not None:

@@ -233,6 +233,12 @@ class PodPool:
         self._by_scraped: list[tuple[float, int]] = []
         self._warm: set[int] = set()
         self._ids = 0
+        #: each ready pod's own start (what ``sluiceway_start_phase_seconds`` sums to: from its
+        #: process start to ready; the node and the image pull come before it), oldest first;
+        #: ``initial`` pods have reported none
+        self._own: dict[int, float] = {}  # starting pod -> its own start
+        self.own_starts: list[float] = []
+        self.own_version = 0  # bumped whenever ``own_starts`` changes
         self.gpu_seconds = 0.0
         self.target = initial
         self.scale_events = 0
@@ -272,6 +278,7 @@ class PodPool:
                 scraped, ready = self.model.startup.sample_phases(self.rng)
                 self._ids += 1
                 self._pods[self._ids] = (now + scraped, now + ready)
+                self._own[self._ids] = ready - scraped if scraped < ready else ready
                 self._asked[self._ids] = now
                 heapq.heappush(self._by_ready, (now + ready, self._ids))
                 heapq.heappush(self._by_scraped, (now + scraped, self._ids))
@@ -283,9 +290,13 @@ class PodPool:
                 for i in last:
                     del self._pods[i]
                     self._asked.pop(i, None)
+                    self._own.pop(i, None)
                     self._warm.discard(i)
                 drop -= len(last)
             self.ready -= drop
+            # ready pods removed: those whose starts are oldest (the Deployment keeps no order we model)
+            del self.own_starts[: max(0, len(self.own_starts) - self.ready)]
+            self.own_version += 1
 
     def tick(self, now: int) -> None:
         while self._by_scraped and self._by_scraped[0][0] <= now:
@@ -298,6 +309,8 @@ class PodPool:
                 self._asked.pop(i, None)
                 self._warm.discard(i)
                 self.ready += 1
+                self.own_starts.append(self._own.pop(i))
+                self.own_version += 1
         self.gpu_seconds += self.total * self.model.gpus_per_replica
 
 
@@ -320,6 +333,8 @@ class Record:
     total: np.ndarray = field(init=False)
     target: np.ndarray = field(init=False)
     held: np.ndarray = field(init=False)  # held at the edge (0 without one)
+    #: the median own start of the ready pods that reported one (``Queries.startup_seconds``; NaN: none)
+    startup: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -328,6 +343,9 @@ class Record:
             setattr(self, name, np.zeros(self.seconds))
         for name in ("ready", "scraped", "total", "target"):
             setattr(self, name, np.zeros(self.seconds, dtype=np.int64))
+        self.startup = np.full(self.seconds, np.nan)
+        self._starts_seen = -1
+        self._median = math.nan
 
     def put(self, t: int, r: StepResult, pool: PodPool) -> None:
         self.arrived[t] = r.arrived
@@ -344,6 +362,11 @@ class Record:
         self.scraped[t] = pool.scraped
         self.total[t] = pool.total
         self.target[t] = pool.target
+        if pool.own_version != self._starts_seen:
+            self._starts_seen = pool.own_version
+            starts = pool.own_starts
+            self._median = float(np.median(starts)) if starts else math.nan
+        self.startup[t] = self._median
 
 
 def ceil_div(a: float, b: float) -> int:

@@ -19,6 +19,7 @@ replicas push every ``metrics_interval``) do not go through Prometheus:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,6 +84,38 @@ class Prometheus:
         sum(sluiceway_inflight)``-style instant query at the last scrape)."""
         s = self.scrape_at(t)
         return None if s < 0 or self.failed(t) else float(self.rec.queue[s] + self.rec.in_service[s])
+
+    def pods_ready(self, t: int) -> int | None:
+        """Pods that have reported their ``ready`` start phase at the last scrape
+        (``Queries.pods_ready``): the ready pods (draining ones are not modelled)."""
+        s = self.scrape_at(t)
+        return None if s < 0 or self.failed(t) else int(self.rec.ready[s])
+
+    def startup(self, t: int) -> float | None:
+        """The pods' measured start-up at the last scrape (``Queries.startup_seconds``: the median
+        of the ready pods' own starts); None before any pod reported one."""
+        s = self.scrape_at(t)
+        if s < 0 or self.failed(t):
+            return None
+        v = float(self.rec.startup[s])
+        return None if math.isnan(v) else v
+
+    def concurrency_avg(self, t: int, window: int, step: int) -> float | None:
+        """The same sum averaged over ``window`` seconds, as the scaler reads it
+        (``Queries.requests_in_pods_avg``: ``avg_over_time((sum + sum)[window:step])``): the sum
+        evaluated at every multiple of ``step`` within ``[t - window, t]`` (Prometheus 2's closed
+        range; the points are aligned to absolute time), each point seeing the last scrape visible
+        then, and averaged. None when the query fails or nothing is scraped yet."""
+        if self.scrape_at(t) < 0 or self.failed(t):
+            return None
+        step = max(1, step)
+        first = -(-(t - window) // step) * step
+        values = [
+            float(self.rec.queue[s] + self.rec.in_service[s])
+            for s in (self.scrape_at(p) for p in range(max(first, 0), t + 1, step))
+            if s >= 0
+        ]
+        return sum(values) / len(values) if values else None
 
     def concurrency_live(self, t: int) -> float | None:
         """The same sum read from the pods' own ``/metrics`` at ``t`` (the scaler's pod polls,

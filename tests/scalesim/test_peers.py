@@ -15,10 +15,11 @@ from bench.scalesim.controllers import (
     Kpa,
     OursKeda,
     RayServe,
+    _signals,
     default_spec,
     rendered_behavior,
 )
-from bench.scalesim.model import PodPool, Record, ServiceModel, Startup
+from bench.scalesim.model import PodPool, Record, ServiceModel, Startup, StepResult
 from bench.scalesim.observe import Prometheus
 
 MODEL = ServiceModel()
@@ -225,3 +226,49 @@ def test_ours_gateway_decides_every_two_seconds_on_the_gateways_counts() -> None
     assert gw.decide(54, prom, pool) == 138
     [builtin] = build_policies(["ours-builtin"], MODEL, np.zeros(100), 2000)
     assert builtin.decide(52, prom, pool) == 13  # demand 200 x 0.2 / 3.2 = 12.5; the in-pods read 40 / 3.2
+
+
+# ------------------------------------------------------------------- what the KEDA scaler reads
+def test_the_scalers_window_average_of_the_requests_in_the_pods_is_prometheus_subquery() -> None:
+    """``Queries.requests_in_pods_avg`` (``avg_over_time((sum + sum)[1m:5s])``) as Prometheus 2
+    evaluates it: the points at every multiple of 5 s within the closed range [t - 60, t], each
+    seeing the last scrape visible then, averaged. One 15 s scrape of 40 among scrapes of 4 moves
+    it by its share of the points, not to 40; the instant query reads 40."""
+    rec = Record(200)
+    rec.queue[:] = 0.0
+    rec.in_service[:] = 4.0
+    rec.in_service[90] = 40.0  # caught by the scrape at 90 only
+    prom = Prometheus(rec, MODEL, scrape_failure=0.0, query_failure=0.0)
+    assert prom.concurrency(101) == 40.0
+    # at 101: points 45, 50, ..., 100 (12); those at 95 and 100 see the scrape at 90
+    assert prom.concurrency_avg(101, 60, 5) == pytest.approx((10 * 4 + 2 * 40) / 12)
+    # at 100: points 40 .. 100 (13, the range closed at both ends); 95 and 100 see the scrape at 90
+    assert prom.concurrency_avg(100, 60, 5) == pytest.approx((11 * 4 + 2 * 40) / 13)
+    assert prom.concurrency_avg(0, 60, 5) is None
+
+
+def test_ours_keda_reads_the_average_and_the_instant_sample_and_the_start_up() -> None:
+    """``ours-keda`` reads what ``sluiceway_scaler.prom`` reads: the window average into
+    ``requests_in_pods``, the instant sample into ``requests_in_pods_now``, the pods ready and the
+    median own start-up of the ready pods (the pod's phases from its process start: the node and
+    the image pull are not in them)."""
+    model = ServiceModel(startup=Startup(20, 20, pull=(10, 10), scraped_while_warming=True))
+    pool = PodPool(model, 1, np.random.default_rng(1))
+    rec = Record(120)
+    pool.set_target(3, 0)
+    for t in range(120):
+        pool.tick(t)
+        rec.put(t, _step(), pool)
+    assert pool.own_starts == [20.0, 20.0]  # 30 s from asked to ready, 20 of them the pod's own
+    prom = Prometheus(rec, model, scrape_failure=0.0, query_failure=0.0)
+    s = _signals(61, prom, False, 60, averaged=True)
+    assert (s.pods_ready, s.startup_seconds) == (3, 20.0)
+    assert s.requests_in_pods == s.requests_in_pods_now == 0.0
+    before = _signals(61, prom, False, 60)
+    assert (before.pods_ready, before.startup_seconds, before.requests_in_pods_now) == (None, None, None)
+    assert OursKeda(default_spec(10), rendered_behavior(default_spec(10), windows_add_up=True)).averaged
+
+
+def _step() -> StepResult:
+    """An idle second."""
+    return StepResult(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
