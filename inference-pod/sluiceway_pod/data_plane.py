@@ -385,7 +385,7 @@ class DataPlane:
 
     def readiness(self) -> bool:
         """Loaded, not draining, live, and holding its share of the tenants' quotas
-        (:meth:`~sluiceway_pod.quota_client.QuotaClient.ready_to_serve`)."""
+        (:meth:`~sluiceway_core.lease_client.QuotaClient.ready_to_serve`)."""
         return self.ready and (self.quota is None or self.quota.ready_to_serve()) and self.liveness()[0]
 
     # ------------------------------------------------------------------ drain
