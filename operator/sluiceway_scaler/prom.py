@@ -19,7 +19,11 @@ except that an empty queue depth while the gateway holds requests reads as 0 pod
 held count (issue 20: the hold term sizes the pods at zero). The gateway's held count and refusals
 for want of a pod are read first and kept in every answer, ``ok`` or not, for the activation.
 A NaN wait p95 means no request waited inside the rate window (the histogram has no new
-observations); it is reported as ``wait_p95=None`` with ``ok=True``.
+observations); it is reported as ``wait_p95=None`` with ``ok=True``. The requests in the pods are
+read as their average over the rate window (``Queries.requests_in_pods_avg``) and as the instant
+sample (the policy takes it only beyond twice its Poisson noise); with the pods ready once and
+their measured start-up (``Queries.pods_ready``, ``Queries.startup_seconds``), an empty or
+non-finite answer is unknown (``None``), never a hold.
 """
 
 from __future__ import annotations
