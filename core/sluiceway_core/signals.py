@@ -12,10 +12,11 @@ Pure: builds strings, runs nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import metric_names as m
-from .units import format_duration, parse_duration
+from .units import format_duration
 
 __all__ = ["GATEWAY_COMPONENT", "Queries", "average_step", "selector"]
 
@@ -26,16 +27,21 @@ _LABEL_VALUE_BAD = ('"', "\\", "\n")
 GATEWAY_COMPONENT = 'component="gateway"'
 
 
+#: PromQL's duration units (``model.ParseDuration``): a window may be ``1d`` or ``1h30m``.
+_PROM_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+_PROM_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+_PROM_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+
+
 def average_step(window: str) -> str:
     """The resolution of the window averages (``Queries.requests_in_pods_avg``): a twelfth of the
     window, at least 1 s, so a 1m window is averaged over 12 points (5 s apart: every 15 s scrape
     seen three times, a 2 s scrape every other time) and a 5s window over 5. An explicit step: a
     subquery without one takes the global ``evaluation_interval`` (1m by default), which would
     average a 1m window over one point. Raises ValueError on a window that is not a duration."""
-    try:
-        seconds = parse_duration(window)
-    except ValueError as e:
-        raise ValueError(f"window must be a PromQL duration like 1m: {e}") from None
+    if not _PROM_DURATION.match(window):
+        raise ValueError(f"window must be a PromQL duration like 1m or 1h30m, got {window!r}")
+    seconds = sum(int(n) * _PROM_UNITS[u] for n, u in _PROM_PART.findall(window))
     if not seconds > 0:
         raise ValueError(f"window must be positive, got {window!r}")
     return format_duration(max(1.0, round(seconds / 12)))

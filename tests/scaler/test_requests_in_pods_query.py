@@ -71,8 +71,8 @@ def _decide(**signals: float | int | None) -> tuple[int, str]:
 
 
 def test_average_step_is_a_twelfth_of_the_window_and_at_least_a_second() -> None:
-    steps = [average_step(w) for w in ("1m", "2m", "5s", "90s")]
-    assert steps == ["5s", "10s", "1s", "8s"]
+    steps = [average_step(w) for w in ("1m", "2m", "5s", "90s", "1h30m", "1d")]
+    assert steps == ["5s", "10s", "1s", "8s", "450s", "7200s"]  # PromQL's units, d included
     assert "[1m:5s]" in Q.requests_in_pods_avg
     with pytest.raises(ValueError, match="duration"):
         average_step("soon")
