@@ -127,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
             name, help=short, description=long, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
         )
         s.add_argument("--config", metavar="FILE", help="YAML or JSON config file (the operator's ConfigMap)")
+        if name == "serve":
+            s.add_argument("--termination-log", metavar="FILE",
+                           help="when the model fails to load, write why here (the container's terminationMessagePath)")
         s.add_argument("--host", help="address to listen on (default 0.0.0.0)")
         s.add_argument("--port", type=int, help="inference port (default 8080)")
         s.add_argument("--metrics-port", type=int, help="port for /metrics and the health probes (default 9091)")
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"sluiceway-pod: invalid configuration: {e}", file=sys.stderr)
         return 2
-    return run(cfg, Source(path, _flags(ns), dict(os.environ)), period, started)
+    return run(cfg, Source(path, _flags(ns), dict(os.environ)), period, started, termination_log=ns.termination_log)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,15 @@ class _AdminServer(uvicorn.Server):
 
 class _Server(uvicorn.Server):
     def __init__(
-        self, config: uvicorn.Config, plane: DataPlane, admin: uvicorn.Server, reloader: TenantReloader | None = None
+        self,
+        config: uvicorn.Config,
+        plane: DataPlane,
+        admin: uvicorn.Server,
+        reloader: TenantReloader | None = None,
+        termination_log: str | None = None,
     ) -> None:
         super().__init__(config)
+        self.termination_log = termination_log
         self.plane = plane
         self.admin = admin
         self.reloader = reloader
@@ -106,8 +112,9 @@ class _Server(uvicorn.Server):
             await self.plane.start()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             log.exception("the model failed to load; exiting")
+            write_termination_message(self.termination_log, f"the model failed to load: {type(e).__name__}: {e}")
             self.exit_code = 3
             self.should_exit = True
 
@@ -119,6 +126,24 @@ class _Server(uvicorn.Server):
         self.admin.should_exit = True
         if self._admin_task is not None:
             await self._admin_task
+
+
+#: The kubelet reads at most 4096 bytes of a termination message; the operator shows its last line.
+MAX_TERMINATION_MESSAGE = 1024
+
+
+def write_termination_message(path: str | None, line: str) -> None:
+    """Why the container ends, for its ``terminationMessagePath`` (the operator's ``PodsHealthy``
+    condition shows it, scrubbed): one line, at most :data:`MAX_TERMINATION_MESSAGE` characters.
+    Best effort: a path that cannot be written is logged, never raised."""
+    if not path:
+        return
+    text = " ".join(line.split())[:MAX_TERMINATION_MESSAGE]
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:
+        log.warning("cannot write the termination message to %s: %s", path, err)
 
 
 def _common(sc: ServerConfig) -> dict[str, Any]:
@@ -172,11 +197,13 @@ def run(
     reload_source: Source | None = None,
     reload_seconds: float = DEFAULT_PERIOD,
     started: tuple[float, float] | None = None,
+    termination_log: str | None = None,
 ) -> int:
     """Serve until drained. Returns the process exit code. With ``reload_source`` (where the
     configuration was read from) and ``reload_seconds`` > 0, the tenants section and the keys file
     are reloaded when they change (:mod:`sluiceway_pod.reload`). ``started``: (monotonic,
-    wall-clock) when the process started, for the start phases (:mod:`sluiceway_pod.startphases`)."""
+    wall-clock) when the process started, for the start phases (:mod:`sluiceway_pod.startphases`).
+    ``termination_log``: where a model that fails to load says why (:func:`write_termination_message`)."""
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = PodMetrics(registry, config.model.name)
@@ -188,7 +215,7 @@ def run(
         uvicorn.Config(build_admin_app(plane, registry), port=sc.metrics_port, timeout_keep_alive=30, **common)
     )
     reloader = build_reloader(plane, reload_source, reload_seconds) if reload_source and reload_seconds > 0 else None
-    server = _Server(uv, plane, admin, reloader)
+    server = _Server(uv, plane, admin, reloader, termination_log)
     server.run()
     if not server.drain_complete:
         # Every request was answered, but a device thread may still be stuck in the model; the

@@ -809,7 +809,15 @@ def build_deployment(
         "name": "sluiceway-pod",
         "image": spec.model.image,
         "imagePullPolicy": spec.model.image_pull_policy,
-        "command": ["sluiceway-pod", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "command": [
+            "sluiceway-pod",
+            "serve",
+            "--config",
+            f"{CONFIG_DIR}/{CONFIG_FILE}",
+            # a model that fails to load writes why there (PodsHealthy shows it)
+            "--termination-log",
+            TERMINATION_LOG,
+        ],
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
@@ -826,8 +834,9 @@ def build_deployment(
         "livenessProbe": _http_probe("/v2/health/live", 10, 3),
         "readinessProbe": _http_probe("/v2/health/ready", 5, 2),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
-        # A serving process that dies writes no termination file: the kubelet then takes the log's
-        # tail, whose last line (scrubbed, bounded) the PodsHealthy condition shows (status.py).
+        # A model that fails to load writes its error to the termination file (--termination-log);
+        # a serving process that dies writes none: the kubelet then takes the log's tail. Either
+        # way the PodsHealthy condition shows the last line (scrubbed, bounded; status.py).
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,

@@ -167,7 +167,8 @@ def test_deployment_is_hardened_and_probed() -> None:
     dep = _by_kind(_render_case("full").manifests)["Deployment"]
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert c["command"] == ["sluiceway-pod", "serve", "--config", "/etc/sluiceway/config.yaml"]
+    assert c["command"] == ["sluiceway-pod", "serve", "--config", "/etc/sluiceway/config.yaml",
+                            "--termination-log", "/dev/termination-log"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
