@@ -119,5 +119,5 @@ def test_the_storage_initializer_fetches_an_oci_model_with_the_registry_secret_a
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"] if "valueFrom" in e}
     assert refs == {k: {"name": "registry-pull", "key": k} for k in OCI_CREDENTIAL_KEYS}
     assert not any("registry-pull" in a for a in init["command"])
-    with pytest.raises(SpecError, match="model.oci is only used with an oci:// storageUri"):
+    with pytest.raises(SpecError, match=r"model\.oci is only used with an oci:// storageUri"):
         parse_spec(_isvc("s3://models/m.onnx", oci={"credentialsSecret": "registry-pull"})["spec"])
