@@ -1,13 +1,19 @@
 """Reading mounted configuration files for a hot reload, shared by the pod (``sluiceway_pod.reload``)
 and the gateway (``sluiceway_gateway.reload``): bounded reads through the kubelet's ``..data``
-symlink and a YAML/JSON mapping parse whose errors never quote the file's content.
+symlink and a YAML/JSON mapping parse whose errors never quote the file's content, and the poll loop
+both reloaders run (:class:`PollingReloader`).
 
-Pure functions plus a bounded file read; no state. Safe to call from any thread.
+The functions are pure plus a bounded file read, safe from any thread. A :class:`PollingReloader`
+is one task on its owner's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import yaml
@@ -51,3 +57,70 @@ def parse_mapping(path: str, data: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ReloadError(f"{path}: the top level must be a mapping")
     return doc
+
+
+log = logging.getLogger("sluiceway.reload")
+
+
+class PollingReloader:
+    """The poll loop of a hot reload: :meth:`poll` (the subclass's: ``unchanged``, ``applied``,
+    ``rejected``) every ``period`` seconds of ``now()`` until cancelled, never ended by an exception
+    of a poll; :meth:`_reject` logs a refused content once per distinct content (never the content
+    itself), counts it (``result("rejected")``) and raises the ``failing`` flag. Concurrency: one
+    task on the owner's event loop (:meth:`start`/:meth:`stop`)."""
+
+    def __init__(
+        self,
+        *,
+        now: Callable[[], float],
+        period: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        result: Callable[[str], None] = lambda _r: None,
+        failing: Callable[[bool], None] = lambda _f: None,
+        owner: str = "process",
+        logger: logging.Logger = log,
+    ) -> None:
+        self._log = logger
+        self._now = now
+        self.period = period
+        self._sleep = sleep
+        self._result = result
+        self._failing = failing
+        self._owner = owner
+        self._seen: str | None = None  # digest (or reason) of the last content handled
+        self._task: asyncio.Task[None] | None = None
+
+    async def poll(self) -> str:
+        raise NotImplementedError
+
+    def _reject(self, why: str, digest: str | None) -> str:
+        key = digest or why
+        if key != self._seen:
+            self._log.error("tenant reload rejected, keeping the keys and limits in force: %s", why)
+            self._result("rejected")
+            self._seen = key
+        self._failing(True)
+        return "rejected"
+
+    async def run(self) -> None:
+        """Poll every ``period`` seconds until cancelled. Never raises but CancelledError."""
+        while True:
+            due = self._now() + self.period
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a defect here must not end the reloads, nor the owner
+                self._log.exception("tenant reload failed (the %s goes on with what it holds)", self._owner)
+            await self._sleep(max(0.0, due - self._now()))
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-reload")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

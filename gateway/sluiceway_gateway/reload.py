@@ -32,7 +32,6 @@ before it keep their tickets. Time comes from the injected clock and sleep.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -41,7 +40,7 @@ from typing import Any
 
 from sluiceway_core.config import TenantsConfig
 from sluiceway_core.keys import KeyFile, parse_keys_text
-from sluiceway_core.reloadfiles import MAX_FILE_BYTES, ReloadError, parse_mapping, read_capped
+from sluiceway_core.reloadfiles import MAX_FILE_BYTES, PollingReloader, ReloadError, parse_mapping, read_capped
 
 from .config import GatewayConfig, GatewayConfigError, build_gateway_config
 
@@ -100,7 +99,7 @@ def outside_tenants(running: GatewayConfig, new: GatewayConfig) -> list[str]:
     return out
 
 
-class TenantReloader:
+class TenantReloader(PollingReloader):
     """Polls the files and swaps tenants and keys in when they change, and the start-up estimate
     (``apply_startup``, when given). ``result(name)`` is called once per outcome worth counting:
     ``applied``, ``rejected``, ``restart_required``; ``failing`` with True while the files on disk are
@@ -122,6 +121,8 @@ class TenantReloader:
         failing: Callable[[bool], None] = lambda _f: None,
         limit: int = MAX_FILE_BYTES,
     ) -> None:
+        super().__init__(now=clock, period=period, sleep=sleep, result=result, failing=failing, owner="gateway",
+                         logger=log)
         self.config_file = config_file
         self.overrides = dict(overrides)
         self.running = running
@@ -130,14 +131,8 @@ class TenantReloader:
         self._apply_startup = apply_startup
         self._startup = running.hold.startup_seconds  # the estimate in force
         self.clock = clock
-        self.period = period
-        self._sleep = sleep
-        self._result = result
-        self._failing = failing
         self.limit = limit
-        self._seen: str | None = None  # digest (or reason) of the last content handled
         self._warned: tuple[str, ...] = ()
-        self._task: asyncio.Task[None] | None = None
         self.applied = 0
 
     async def poll(self) -> str:
@@ -180,35 +175,3 @@ class TenantReloader:
         self.applied += 1
         self._result("applied")
         return "applied"
-
-    def _reject(self, why: str, digest: str | None) -> str:
-        key = digest or why
-        if key != self._seen:
-            log.error("tenant reload rejected, keeping the keys and limits in force: %s", why)
-            self._result("rejected")
-            self._seen = key
-        self._failing(True)
-        return "rejected"
-
-    async def run(self) -> None:
-        """Poll every ``period`` seconds until cancelled. Never raises but CancelledError."""
-        while True:
-            due = self.clock() + self.period
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a defect here must not end the reloads, nor the gateway
-                log.exception("tenant reload failed")
-            await self._sleep(max(0.0, due - self.clock()))
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-reload")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None

@@ -28,7 +28,6 @@ admitted before it keep their admission. Time comes from the injected clock and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,7 +36,7 @@ from typing import Any
 
 from sluiceway_core.config import ConfigError, PodConfig, TenantsConfig, build_config, env_overrides
 from sluiceway_core.keys import KeyFile, parse_keys_text
-from sluiceway_core.reloadfiles import MAX_FILE_BYTES, ReloadError, parse_mapping, read_capped
+from sluiceway_core.reloadfiles import MAX_FILE_BYTES, PollingReloader, ReloadError, parse_mapping, read_capped
 
 from .clock import Clock
 
@@ -101,7 +100,7 @@ def outside_tenants(running: PodConfig, new: PodConfig) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-class TenantReloader:
+class TenantReloader(PollingReloader):
     """Polls the files and swaps tenants and keys in when they change. ``result(name)`` is called
     once per outcome worth counting: ``applied``, ``rejected``, ``restart_required``; ``failing``
     with True while the files on disk are rejected, False once they are good again."""
@@ -120,19 +119,15 @@ class TenantReloader:
         failing: Callable[[bool], None] = lambda _f: None,
         limit: int = MAX_FILE_BYTES,
     ) -> None:
+        super().__init__(now=clock.now, period=period, sleep=sleep, result=result, failing=failing, owner="pod",
+                         logger=log)
         self.source = source
         self.running = running
         self._current = current
         self._apply = apply
         self.clock = clock
-        self.period = period
-        self._sleep = sleep
-        self._result = result
-        self._failing = failing
         self.limit = limit
-        self._seen: str | None = None  # digest of the last content handled (applied, rejected or equal)
         self._warned: tuple[str, ...] = ()  # sections outside tenants last reported as changed
-        self._task: asyncio.Task[None] | None = None
         self.applied = 0
 
     async def poll(self) -> str:
@@ -169,35 +164,3 @@ class TenantReloader:
         )
         self._result("applied")
         return "applied"
-
-    def _reject(self, why: str, digest: str | None) -> str:
-        key = digest or why
-        if key != self._seen:
-            log.error("tenant reload rejected, keeping the keys and limits in force: %s", why)
-            self._result("rejected")
-            self._seen = key
-        self._failing(True)
-        return "rejected"
-
-    async def run(self) -> None:
-        """Poll every ``period`` seconds until cancelled. Never raises but CancelledError."""
-        while True:
-            due = self.clock.now() + self.period
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a defect here must not end the reloads, nor the pod
-                log.exception("tenant reload failed")
-            await self._sleep(max(0.0, due - self.clock.now()))
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="tenant-reload")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
