@@ -32,4 +32,4 @@ USER 65532:65532
 EXPOSE 8080 9091
 # One process, one uvicorn worker (the admission queue and the GPU permits live in it).
 ENTRYPOINT ["sluiceway-pod"]
-CMD ["serve", "--config", "/etc/sluiceway/config.yaml"]
+CMD ["serve", "--config", "/etc/sluiceway/config.yaml", "--termination-log", "/dev/termination-log"]
