@@ -6,19 +6,35 @@ the sandbox comes up with the chart's quota coordinator on, so the tenants' quot
 waits for its first ready endpoint, then drives an open-loop ramp: about half, once and three times
 one replica's capacity, then nothing.
 
-How the load reaches the pods (``clients``): ``per-request`` (the default, chosen on purpose) sends
-each request to a random ready endpoint, the spread a per-request balancer gives; the demo's story
-(new replicas take load as they become ready) holds only with such a balancer, and the sandbox has
-none yet (the gateway, issue 19, is not deployed in it). ``keepalive`` sends through the Service's
-ClusterIP over keep-alive connections, as real clients do: kube-proxy picks a pod per connection,
-so the replicas KEDA adds get load only from connections opened after they are ready -- under the
-3x overload, those that clients reopen after a request timed out (docs/sandbox.md). Every second it
-shows offered rate, goodput, answers by code and reason, queue depth and wait p95 (from Prometheus),
-desired and ready replicas. It ends with a report in numbers and a PNG plot, and tears the sandbox
-down unless ``keep``.
+How the load reaches the pods (``clients``):
 
-Pure: :class:`Ramp`, :func:`build_report`, :func:`render_table`. I/O: :func:`run_demo` and the
-small readers (:class:`PromReader`, :func:`read_replicas`).
+* ``gateway`` (the default): the demo turns the gateway on in the document it applies
+  (:func:`with_gateway`, one override: ``spec.gateway`` = :data:`GATEWAY_SPEC`; the sample file stays
+  as the end-to-end test applies it), waits until ``status.endpoint`` names the gateway's Service and
+  a request through it is answered, and sends the load from K keep-alive clients per tenant
+  (:class:`~.loadgen.KeepAlive`) to that Service's ClusterIP, through the real kube-proxy, as real
+  clients call a Service. The gateway routes each request to a pod, so replicas KEDA adds take load
+  as soon as the gateway sees them ready (docs/gateway.md).
+* ``keepalive``: the same clients through the pods' own Service: kube-proxy picks a pod per
+  connection, so added replicas get load only from connections opened after they are ready (under
+  the 3x overload, those clients reopen after a request timed out; docs/sandbox.md).
+* ``per-request``: each request to a random ready endpoint of the pods' Service, the spread a
+  per-request balancer gives, with no gateway.
+
+Every second it shows offered rate, goodput, answers by code and reason, queue depth and wait p95
+(from Prometheus), desired and ready replicas, the share of requests each pod served in the last
+5 s (each pod's own ``sluiceway_requests_total``, read from its metrics port), and, with the gateway,
+what the edge did (requests held now and handed off after a hold, refusals by reason: the gateway's
+own ``sluiceway_gateway_*`` series, read from its metrics port). It ends with a report in numbers
+(including the desired count's dips during the steady 3x phase, issue 21) and a PNG plot, and tears
+the sandbox down unless ``keep``.
+
+Pure: :class:`Ramp`, :func:`build_report`, :func:`render_table`, :func:`with_gateway`,
+:func:`desired_dips`, :func:`served_shares`, :func:`parse_exposition`, :func:`edge_from_metrics`.
+I/O: :func:`run_demo` and the small readers (:class:`PromReader`, :class:`MetricsProbe`,
+:func:`read_replicas`). Concurrency: the load runs on its own event loop in a thread
+(:func:`~.loadgen.run_load_in_thread`); everything else here runs on the calling thread, which
+samples once a second and only reads the outcomes list the load thread appends to.
 """
 
 from __future__ import annotations
@@ -26,27 +42,33 @@ from __future__ import annotations
 import argparse
 import base64
 import bisect
+import copy
 import dataclasses
+import itertools
 import json
 import math
+import re
 import sys
 import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from sluiceway_core import metric_names as mn
 from sluiceway_core.signals import Queries
 
 from .layout import Layout
 from .loadgen import (
+    DEFAULT_BODY,
     Client,
     EndpointWatcher,
     KeepAlive,
+    LoadgenError,
     Outcome,
     Phase,
     build_schedule,
@@ -58,13 +80,22 @@ from .loadgen import (
 )
 
 __all__ = [
+    "GATEWAY_SPEC",
     "DemoReport",
+    "Dips",
+    "EdgeReading",
+    "MetricsProbe",
     "Ramp",
     "Sample",
     "build_report",
+    "desired_dips",
+    "edge_from_metrics",
     "main",
+    "parse_exposition",
     "render_table",
     "run_demo",
+    "served_shares",
+    "with_gateway",
     "write_plot",
 ]
 
@@ -76,10 +107,21 @@ DEFAULT_TRAFFIC = (("search-key", "interactive", 3.0), ("reports-key", "batch", 
 #: chart values the demo (and the end-to-end test) bring the sandbox up with: the scaler's quota
 #: coordinator on, so the sample's tenant quotas hold for the whole service (docs/scheduling.md)
 QUOTA_VALUES = (("scaler.quota.enabled", "true"),)
-#: how the demo's load reaches the pods (module docstring): per request until the sandbox has a
-#: per-request balancer in front of the pods; ``keepalive`` is what clients through a Service see
-CLIENT_MODES = ("per-request", "keepalive")
-DEFAULT_CLIENTS = "per-request"
+#: how the demo's load reaches the pods (module docstring): keep-alive clients through the gateway's
+#: Service by default; through the pods' Service, or per request to a random ready pod, on request
+CLIENT_MODES = ("gateway", "keepalive", "per-request")
+DEFAULT_CLIENTS = "gateway"
+#: the one change the demo makes to the sample's InferenceService in ``gateway`` mode (the sample
+#: file itself is what the end-to-end test applies, without a gateway): one gateway replica, so the
+#: tenants' rate/burst hold at the edge for the whole service (docs/gateway.md), routing leastWait
+GATEWAY_SPEC: Mapping[str, Any] = {"enabled": True, "replicas": 1, "routing": "leastWait"}
+#: keep-alive clients per tenant (one connection each) in the ``gateway`` and ``keepalive`` modes:
+#: the 3x phase offers about 86 requests/s of ``search``; 16 connections carry that at up to about
+#: 190 ms per answer before requests wait for a free connection of their client
+KEEPALIVE_CLIENTS = 16
+#: seconds from the moment the peak count of pods is ready in the 3x phase to the start of the
+#: window over which the report splits what each pod served (the balancer's discovery settles)
+SHARE_SETTLE = 10.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +172,43 @@ class Sample:
     wait_p95: float | None  # seconds
     desired: int | None
     ready: int | None
+    #: each ready pod's own count of the requests it answered (``sluiceway_requests_total``),
+    #: cumulative, by pod address (``ip``); empty when none could be read
+    served: dict[str, float] = field(default_factory=dict)
+    #: the gateway's own counters at this second (``gateway`` mode; None without a gateway)
+    edge: EdgeReading | None = None
+
+
+@dataclass(frozen=True)
+class EdgeReading:
+    """What the gateway did, from its ``sluiceway_gateway_*`` series (summed over its replicas)."""
+
+    held: float = 0.0  # requests in the hold queue now
+    handed_off: float = 0.0  # requests handed to a pod after a hold (cumulative)
+    hold_outcomes: dict[str, float] = field(default_factory=dict)  # held requests by outcome (cumulative)
+    refused: dict[str, float] = field(default_factory=dict)  # answered with an error at the edge, by reason
+    routed: dict[str, float] = field(default_factory=dict)  # attempts sent to each pod (``ip:port``)
+
+
+@dataclass(frozen=True)
+class Dips:
+    """The desired replica count during one phase: how often it went down, and its range."""
+
+    phase: str
+    dips: int
+    low: int | None
+    high: int | None
+    at: tuple[tuple[float, int, int], ...] = ()  # (t, from, to) for each dip
+    start: float | None = None  # first and last sample of the phase
+    end: float | None = None
+
+    def line(self) -> str:
+        if self.low is None:
+            return f"desired replicas in the '{self.phase}' phase: no reading"
+        where = "; ".join(f"t={t:.0f} s {a}->{b}" for t, a, b in self.at)
+        return (f"steady overload ('{self.phase}' phase, t={self.start:.0f}..{self.end:.0f} s): desired "
+                f"went down {self.dips} time(s){f' ({where})' if where else ''}; desired min {self.low}, "
+                f"max {self.high}")
 
 
 @dataclass(frozen=True)
@@ -150,12 +229,21 @@ class DemoReport:
     off_to_min_desired: float | None  # seconds from the load stopping to desired back at the minimum
     samples: list[Sample] = field(default_factory=list)
     plot: str = ""
+    clients: str = ""  # how the load reached the service, in words
+    over_dips: Dips | None = None  # the desired count during the 3x phase (issue 21, item 5)
+    #: each pod's share of what the pods served in the 3x phase, from ``SHARE_SETTLE`` s after the
+    #: phase's peak count of pods was ready to the phase's end (``share_window``); pods by address
+    pod_shares: dict[str, float] = field(default_factory=dict)
+    share_window: tuple[float, float] | None = None
+    edge: EdgeReading | None = None  # the gateway's counters at the end (``gateway`` mode)
+    peak_held: float | None = None  # most requests the gateway held at once (1 s samples)
 
     def lines(self) -> list[str]:
         def sec(x: float | None) -> str:
             return "-" if x is None else f"{x:.1f} s"
 
         return [
+            *([f"load: {self.clients}"] if self.clients else []),
             f"requests sent {self.sent}, 2xx {self.ok} (goodput share {self.goodput_share:.1%})",
             f"answers by code: {' '.join(f'{k}:{v}' for k, v in self.codes.items()) or '-'}",
             f"non-2xx by code and reason: {' '.join(f'{k}:{v}' for k, v in self.reasons.items()) or '-'}",
@@ -167,8 +255,30 @@ class DemoReport:
                if (self.ready_at_overload or 0) >= 2 else ""),
             f"load stopped -> desired back at the minimum: {sec(self.off_to_min_desired)}",
             f"ready replicas at the end: {self.replicas_after_off if self.replicas_after_off is not None else '-'}",
+            *([self.over_dips.line()] if self.over_dips else []),
+            self._shares_line(),
+            *self._edge_lines(),
             *([f"plot: {self.plot}"] if self.plot else []),
         ]
+
+    def _shares_line(self) -> str:
+        if not self.pod_shares or self.share_window is None:
+            return "served per pod in the 3x phase: -"
+        a, b = self.share_window
+        even = 1 / len(self.pod_shares)
+        parts = " ".join(f"{pod} {share:.1%}" for pod, share in sorted(self.pod_shares.items()))
+        return (f"served per pod in the 3x phase, t={a:.0f}..{b:.0f} s ({len(self.pod_shares)} pods, "
+                f"even {even:.1%}): {parts}")
+
+    def _edge_lines(self) -> list[str]:
+        if self.edge is None:
+            return []
+        e = self.edge
+        held = "-" if self.peak_held is None else f"{self.peak_held:.0f}"
+        outcomes = " ".join(f"{k}:{v:.0f}" for k, v in sorted(e.hold_outcomes.items()) if v) or "-"
+        refused = " ".join(f"{k}:{v:.0f}" for k, v in sorted(e.refused.items()) if v) or "-"
+        return [f"edge (gateway): held at most {held} at once; held requests by outcome: {outcomes}",
+                f"edge (gateway): refused at the edge by reason: {refused}"]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,6 +286,104 @@ class DemoReport:
 
 # ------------------------------------------------------------------------------------------------
 # Pure.
+
+
+def with_gateway(docs: Sequence[Mapping[str, Any]], gateway: Mapping[str, Any] = GATEWAY_SPEC) -> list[dict[str, Any]]:
+    """The sample's documents with ``spec.gateway`` set on its InferenceService (a deep copy)."""
+    out = [copy.deepcopy(dict(d)) for d in docs]
+    isvcs = [d for d in out if d.get("kind") == "InferenceService"]
+    if len(isvcs) != 1:
+        raise ValueError(f"the sample must hold exactly one InferenceService, found {len(isvcs)}")
+    isvcs[0].setdefault("spec", {})["gateway"] = dict(gateway)
+    return out
+
+
+def gateway_service(endpoint: str, namespace: str) -> str | None:
+    """The Service named by ``status.endpoint`` when it is a gateway's (``http://<name>-gateway.<ns>.svc:<port>``),
+    else None (the pods' own Service, or no endpoint yet)."""
+    host = urllib.parse.urlsplit(endpoint).hostname or ""
+    svc, _, rest = host.partition(".")
+    return svc if svc.endswith("-gateway") and rest.startswith(f"{namespace}.") else None
+
+
+def desired_dips(samples: Sequence[Sample], phase: str = "over") -> Dips:
+    """How often the desired count went down between consecutive readings in ``phase`` (a dip),
+    and its min/max there. Seconds with no reading (None) are skipped, not counted as a change."""
+    during = [(s.t, s.desired) for s in samples if s.phase == phase]
+    values = [(t, d) for t, d in during if d is not None]
+    at = tuple((t, a, b) for (_, a), (t, b) in itertools.pairwise(values) if b < a)
+    return Dips(phase, len(at), min((d for _, d in values), default=None), max((d for _, d in values), default=None),
+                at, during[0][0] if during else None, during[-1][0] if during else None)
+
+
+def served_shares(samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
+    """Each pod's share of what the pods served between the first sample at or after ``start`` and
+    the last one before ``end`` (``Sample.served``): pods read at both ends only; empty when there
+    is no such pair or nothing was served."""
+    inside = [s for s in samples if start <= s.t < end and s.served]
+    if len(inside) < 2:
+        return {}
+    a, b = inside[0].served, inside[-1].served
+    grew = {pod: max(0.0, b[pod] - a[pod]) for pod in b if pod in a}
+    total = sum(grew.values())
+    return {pod: v / total for pod, v in grew.items()} if total > 0 else {}
+
+
+def recent_shares(before: Mapping[str, float], now: Mapping[str, float]) -> dict[str, float]:
+    """Each pod's share of what the pods listed ``now`` served since ``before`` (a pod new since
+    then counts from 0: its counter started when it did)."""
+    grew = {pod: max(0.0, v - before.get(pod, 0.0)) for pod, v in now.items()}
+    total = sum(grew.values())
+    return {pod: v / total for pod, v in grew.items()} if total > 0 else {}
+
+
+_SERIES = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_exposition(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of each sample line of a Prometheus text exposition; comments, blank
+    and malformed lines are skipped."""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SERIES.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        yield m.group(1), dict(_LABEL.findall(m.group(2) or "")), value
+
+
+def served_from_metrics(text: str) -> float:
+    """A pod's count of the inference requests it answered (every code): ``sluiceway_requests_total``."""
+    return sum(v for name, _, v in parse_exposition(text) if name == mn.REQUESTS)
+
+
+def edge_from_metrics(texts: Sequence[str]) -> EdgeReading:
+    """The gateway replicas' ``/metrics`` texts summed into one :class:`EdgeReading` (``refused``:
+    every error the gateway answered itself, its hold queue's bounds included; pod refusals it
+    passed on are not in it)."""
+    held = 0.0
+    outcomes: dict[str, float] = {}
+    refused: dict[str, float] = {}
+    routed: dict[str, float] = {}
+    for text in texts:
+        for name, labels, v in parse_exposition(text):
+            if name == mn.GATEWAY_HELD:
+                held += v
+            elif name == "sluiceway_gateway_hold_seconds_count":
+                key = labels.get("outcome", "")
+                outcomes[key] = outcomes.get(key, 0.0) + v
+            elif name == mn.GATEWAY_REFUSED:
+                key = labels.get("reason", "")
+                refused[key] = refused.get(key, 0.0) + v
+            elif name == "sluiceway_gateway_routed_total":
+                key = labels.get("pod", "")
+                routed[key] = routed.get(key, 0.0) + v
+    return EdgeReading(held, outcomes.get("handed_off", 0.0), outcomes, refused, routed)
 
 
 def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: Ramp,
@@ -198,15 +406,34 @@ def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: R
         peak_ready=max((x.ready or 0 for x in samples), default=0),
         overload_to_second_ready=second, ready_at_overload=at_overload, first_ready_endpoint=first_ready_endpoint,
         replicas_after_off=samples[-1].ready if samples else None, samples=list(samples),
+        over_dips=desired_dips(samples, "over"), edge=next((x.edge for x in reversed(samples) if x.edge), None),
+        peak_held=max((x.edge.held for x in samples if x.edge), default=None),
+        **_share_window(samples, ramp),
     )
+
+
+def _share_window(samples: Sequence[Sample], ramp: Ramp) -> dict[str, Any]:
+    """The 3x phase from ``SHARE_SETTLE`` s after its peak count of pods was first ready, to its end."""
+    over = [x for x in samples if x.phase == "over"]
+    peak = max((x.ready or 0 for x in over), default=0)
+    first = next((x.t for x in over if (x.ready or 0) == peak), None)
+    if peak < 2 or first is None:
+        return {"pod_shares": {}, "share_window": None}
+    window = (first + SHARE_SETTLE, ramp.overload_start + ramp.over)
+    shares = served_shares(samples, *window)
+    return {"pod_shares": shares, "share_window": window if shares else None}
 
 
 def _fmt(x: float | None, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
     return "-" if x is None or math.isnan(x) else f"{x * scale:.{digits}f}{unit}"
 
 
-def render_table(sample: Sample, capacity: float, reasons: dict[str, int]) -> list[tuple[str, str]]:
-    """The live display's rows (label, value) for one sample."""
+def render_table(sample: Sample, capacity: float, reasons: dict[str, int],
+                 served_before: Mapping[str, float] | None = None) -> list[tuple[str, str]]:
+    """The live display's rows (label, value) for one sample; ``served_before``: the pods' counts a
+    few seconds earlier, for the share each pod served since."""
+    shares = recent_shares(served_before or {}, sample.served) if served_before is not None else {}
+    edge = sample.edge
     return [
         ("time", f"{sample.t:5.0f} s   phase {sample.phase}"),
         ("offered", f"{sample.offered:6.1f} req/s  ({sample.offered / capacity:.1f}x one replica)"),
@@ -217,6 +444,10 @@ def render_table(sample: Sample, capacity: float, reasons: dict[str, int]) -> li
         ("wait p95", _fmt(sample.wait_p95, " ms", 1000.0, 0) + "  (Prometheus, 30 s window)"),
         ("replicas", f"desired {sample.desired if sample.desired is not None else '-'}  "
                      f"ready {sample.ready if sample.ready is not None else '-'}"),
+        ("served per pod", " ".join(f"{pod} {v:.0%}" for pod, v in sorted(shares.items())) or "-"),
+        ("edge (gateway)", "-" if edge is None else
+         f"held {edge.held:.0f} now, {edge.handed_off:.0f} handed off after a hold; refused: "
+         + (" ".join(f"{k}:{v:.0f}" for k, v in sorted(edge.refused.items()) if v) or "-")),
     ]
 
 
@@ -259,6 +490,77 @@ def read_replicas(kube: Any, namespace: str, name: str) -> tuple[int | None, int
     except Exception:
         return None, None
     return int((dep.get("spec") or {}).get("replicas") or 0), int((dep.get("status") or {}).get("readyReplicas") or 0)
+
+
+class MetricsProbe:
+    """Reads each ready pod's and each gateway replica's own ``/metrics`` on their metrics ports,
+    found through the headless ``<name>-metrics`` and ``<name>-gateway-metrics`` Services'
+    EndpointSlices (sandbox addresses only, checked by :func:`~.loadgen.ready_endpoints`). Called
+    from the sampling thread only; each read is bounded by ``timeout``."""
+
+    def __init__(self, kube: Any, namespace: str, name: str, *, gateway: bool, timeout: float = 1.0) -> None:
+        self.pods = EndpointWatcher(kube, namespace, f"{name}-metrics", port_name="metrics")
+        self.gateway = (EndpointWatcher(kube, namespace, f"{name}-gateway-metrics", port_name="metrics")
+                        if gateway else None)
+        self.timeout = timeout
+        self._last: dict[str, float] = {}  # pod ip -> its last count read (a failed read keeps it)
+
+    def _text(self, endpoint: str) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=self.timeout) as resp:
+                return str(resp.read().decode("utf-8", "replace"))
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _endpoints(watcher: EndpointWatcher) -> list[str]:
+        try:
+            return watcher.poll()
+        except LoadgenError:  # an address outside the sandbox: read nothing
+            return []
+
+    def __call__(self) -> tuple[dict[str, float], EdgeReading | None]:
+        served: dict[str, float] = {}
+        for ep in self._endpoints(self.pods):
+            ip = ep.rpartition(":")[0]
+            text = self._text(ep)
+            if text is not None:
+                self._last[ip] = served_from_metrics(text)
+            if ip in self._last:
+                served[ip] = self._last[ip]
+        edge = None
+        if self.gateway is not None:
+            texts = [t for t in map(self._text, self._endpoints(self.gateway)) if t is not None]
+            edge = edge_from_metrics(texts) if texts else None
+        return served, edge
+
+
+def _wait_gateway(kube: Any, ns: str, name: str, key: str, path: str, timeout: float,
+                  progress: Callable[[str], None]) -> tuple[str, str]:
+    """Wait (bounded) until ``status.endpoint`` names the gateway's Service, it has a ready endpoint,
+    and one request through its ClusterIP is answered 2xx; returns (``clusterIP:port``, the endpoint)."""
+    from . import lifecycle
+
+    isvc = f"/apis/sluiceway.io/v1alpha1/namespaces/{ns}/inferenceservices/{name}"
+
+    def endpoint() -> str:
+        got = str((kube.get(isvc).get("status") or {}).get("endpoint") or "")
+        return got if gateway_service(got, ns) else ""
+
+    url = lifecycle.wait_until(endpoint, timeout, f"status.endpoint of {ns}/{name} naming its gateway's Service")
+    svc = gateway_service(url, ns) or ""
+    lifecycle.wait_until(EndpointWatcher(kube, ns, svc).poll, timeout, f"a ready endpoint of Service {ns}/{svc}")
+    service = service_address(kube, ns, svc)
+
+    def answered() -> bool:
+        req = urllib.request.Request(f"http://{service}{path}", data=DEFAULT_BODY, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return bool(200 <= resp.status < 300)
+
+    lifecycle.wait_until(answered, timeout, f"a request answered 2xx through the gateway Service {service}")
+    progress(f"demo: the gateway answers at {url} (Service {svc}, ClusterIP {service})")
+    return service, url
 
 
 def _secret_key(kube: Any, namespace: str, name: str, key: str = "key") -> str:
@@ -335,6 +637,7 @@ def run_demo(
     ready_timeout: float = 240.0,
     settle_timeout: float = 180.0,
     clients_mode: str = DEFAULT_CLIENTS,
+    keepalive_clients: int = KEEPALIVE_CLIENTS,
     progress: Callable[[str], None] = print,
 ) -> DemoReport:
     """Run the demo (module docstring). ``up=False``: the sandbox is already up (the e2e test) and
@@ -347,15 +650,20 @@ def run_demo(
     ramp = ramp or Ramp()
     if clients_mode not in CLIENT_MODES:
         raise ValueError(f"clients_mode must be one of {CLIENT_MODES}, got {clients_mode!r}")
+    keepalive = KeepAlive(clients=keepalive_clients)  # LoadgenError (a ValueError) when out of bounds
     out_dir = (out_dir or Path.cwd()).resolve()
     if up:
         lifecycle.up(layout, lifecycle.UpOptions(build=build, chart_values=QUOTA_VALUES), progress)
     try:
         kube = Kube.as_identity(layout, "admin")
         docs, isvc = _load_sample(sample)
+        if clients_mode == "gateway":
+            docs = with_gateway(docs)
+            (isvc,) = [d for d in docs if d.get("kind") == "InferenceService"]
         ns, name = isvc["metadata"]["namespace"], isvc["metadata"]["name"]
         model = isvc["spec"]["model"].get("name") or name
-        progress(f"demo: applying {sample.name} ({ns}/{name})")
+        progress(f"demo: applying {sample.name} ({ns}/{name})"
+                 + (f" with spec.gateway = {dict(GATEWAY_SPEC)}" if clients_mode == "gateway" else ""))
         t_apply = time.monotonic()
         lifecycle.apply_all(kube, docs)
         watcher = EndpointWatcher(kube, ns, name)
@@ -372,25 +680,35 @@ def run_demo(
         prom = PromReader(layout.prometheus_url, ns, name)
         samples: list[Sample] = []
         path = f"/v2/models/{model}/infer"
+        probe = MetricsProbe(kube, ns, name, gateway=clients_mode == "gateway")
         with watcher:
-            if clients_mode == "keepalive":
+            if clients_mode == "gateway":
+                service, url = _wait_gateway(kube, ns, name, clients[0].key or "", path, ready_timeout, progress)
+                how = (f"{keepalive.clients} keep-alive clients per tenant, one connection each, through the "
+                       f"gateway's Service {service} (status.endpoint {url}; kube-proxy, then the gateway "
+                       f"routes each request)")
+                thread, outcomes, stop = run_load_in_thread(schedule, clients, path, service=service,
+                                                            keepalive=keepalive, seed=seed)
+            elif clients_mode == "keepalive":
                 service = service_address(kube, ns, name)
-                progress(f"demo: keep-alive clients ({KeepAlive().clients} per tenant) through the Service {service}")
-                thread, outcomes, stop = run_load_in_thread(schedule, clients, path, service=service, seed=seed)
+                how = (f"{keepalive.clients} keep-alive clients per tenant, one connection each, through the "
+                       f"pods' Service {service} (kube-proxy picks a pod per connection; no gateway)")
+                thread, outcomes, stop = run_load_in_thread(schedule, clients, path, service=service,
+                                                            keepalive=keepalive, seed=seed)
             else:
-                progress("demo: each request to a random ready endpoint (per-request spread, as a "
-                         "per-request balancer gives; clients through the Service: --clients keepalive)")
+                how = "each request to a random ready pod (per-request spread; no gateway, no Service)"
                 thread, outcomes, stop = run_load_in_thread(schedule, clients, path,
                                                             per_request=watcher.endpoints, seed=seed)
+            progress(f"demo: load: {how}")
             t0 = time.monotonic()
             try:
-                samples = _observe(ramp, schedule, outcomes, prom, kube, ns, name, t0, live, progress)
+                samples = _observe(ramp, schedule, outcomes, prom, kube, ns, name, t0, live, progress, probe=probe)
             finally:
                 stop.set()
                 thread.join(timeout=30)
         report = build_report(samples, list(outcomes), ramp, first_ready, minimum)
         plot = write_plot(report, ramp, out_dir / "sluiceway-demo.png")
-        report = dataclasses.replace(report, plot=str(plot))
+        report = dataclasses.replace(report, plot=str(plot), clients=f"{clients_mode}: {how}")
         (out_dir / "sluiceway-demo.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
         progress("demo report:")
         for line in report.lines():
@@ -435,8 +753,10 @@ def _delete_sample(layout: Layout, sample: Path, progress: Callable[[str], None]
 
 def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[Outcome], prom: PromReader,
              kube: Any, ns: str, name: str, t0: float, live: bool,
-             progress: Callable[[str], None]) -> list[Sample]:
-    """Sample once a second until the ramp ends; show it live."""
+             progress: Callable[[str], None],
+             probe: Callable[[], tuple[dict[str, float], EdgeReading | None]] | None = None) -> list[Sample]:
+    """Sample once a second until the ramp ends; show it live. ``probe``: the pods' served counts
+    and the gateway's reading (:class:`MetricsProbe`); None reads neither."""
     samples: list[Sample] = []
     seen = 0
     answers: Counter[str] = Counter()
@@ -455,16 +775,21 @@ def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[O
         offered = bisect.bisect_left(times, now) - bisect.bisect_left(times, now - 1.0)
         depth, p95 = prom.read()
         desired, ready = read_replicas(kube, ns, name)
+        served, edge = probe() if probe is not None else ({}, None)
         phase = phase_at(ramp.phases(), now)
         return Sample(now, phase.name if phase else "end", float(offered),
                       float(sum(1 for o in new if 200 <= o.status < 300)), dict(sorted(answers.items())),
-                      depth, p95, desired, ready)
+                      depth, p95, desired, ready, served, edge)
+
+    def before() -> dict[str, float] | None:
+        """The pods' served counts about 5 s before the latest sample (None: no reading yet)."""
+        return samples[max(0, len(samples) - 6)].served if len(samples) > 1 else None
 
     def table(s: Sample) -> Any:
         from rich.table import Table
 
         tbl = Table(title="sluiceway demo (Ctrl-C stops)", show_header=False)
-        for label, value in render_table(s, ramp.capacity, dict(sorted(reasons.items()))):
+        for label, value in render_table(s, ramp.capacity, dict(sorted(reasons.items())), before()):
             tbl.add_row(label, value)
         return tbl
 
@@ -484,8 +809,11 @@ def _observe(ramp: Ramp, schedule: Sequence[tuple[float, int]], outcomes: list[O
             samples.append(tick())
             s = samples[-1]
             if int(s.t) % 5 == 0:
+                rows = dict(render_table(s, ramp.capacity, dict(reasons), before()))
                 progress(" | ".join(f"{k} {v}" for k, v in render_table(s, ramp.capacity, dict(reasons))[:3])
-                         + f" | replicas {s.desired}/{s.ready} | depth {_fmt(s.queue_depth)}")
+                         + f" | replicas {s.desired}/{s.ready} | depth {_fmt(s.queue_depth)}"
+                         + f" | per pod (5 s) {rows['served per pod']}"
+                         + (f" | edge {rows['edge (gateway)']}" if s.edge is not None else ""))
             next_at += 1.0
     return samples
 
@@ -509,10 +837,15 @@ def parser(prog: str = "sluiceway demo") -> argparse.ArgumentParser:
     p.add_argument("--already-up", action="store_true", help="use the running sandbox (do not run `up`)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--clients", choices=CLIENT_MODES, default=DEFAULT_CLIENTS,
-                   help="per-request (default): each request to a random ready pod, as a per-request "
-                   "balancer spreads it; keepalive: keep-alive clients through the Service's ClusterIP, "
-                   "as real clients call it (kube-proxy picks a pod per connection: added replicas get "
-                   "only the connections opened after they are ready)")
+                   help="gateway (the default): the demo turns on spec.gateway and keep-alive clients call "
+                   "the gateway's Service ClusterIP (status.endpoint) through kube-proxy; the gateway routes "
+                   "each request to a pod, new replicas included. keepalive: the same clients through the "
+                   "pods' own Service (kube-proxy picks a pod per connection: added replicas get only the "
+                   "connections opened after they are ready). per-request: each request to a random ready "
+                   "pod, no gateway")
+    p.add_argument("--keepalive-clients", type=int, default=KEEPALIVE_CLIENTS, metavar="K",
+                   help=f"keep-alive clients per tenant, one connection each (gateway and keepalive modes; "
+                   f"default {KEEPALIVE_CLIENTS}, 1..256)")
     return p
 
 
@@ -527,10 +860,13 @@ def main(argv: list[str] | None = None, prog: str = "sluiceway demo") -> int:
         print("sluiceway demo: phase durations must be within (0, 3600] seconds", file=sys.stderr)
         return 2
     ramp = dataclasses.replace(base, **changes)
+    if not 1 <= ns.keepalive_clients <= 256:
+        print("sluiceway demo: --keepalive-clients must be within 1..256", file=sys.stderr)
+        return 2
     try:
         report = run_demo(layout_for(ns.state_dir), ramp=ramp, keep=ns.keep, up=not ns.already_up,
                           build=not ns.no_build, out_dir=ns.out_dir, live=not ns.no_live, seed=ns.seed,
-                          clients_mode=ns.clients)
+                          clients_mode=ns.clients, keepalive_clients=ns.keepalive_clients)
     except KeyboardInterrupt:
         print("sluiceway demo: interrupted", file=sys.stderr)
         return 130
