@@ -8,104 +8,29 @@ mid-download each end with their own reason and exit status, and the credentials
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import http.client
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 import pytest
 from netports import free_port
-from podtools import ROOT, start_pod
-from sluiceway_pod.fetch import EXIT_CODES, Credentials, sigv4_headers
+from podtools import start_pod
+from s3tools import S3Store, s3proxy_jar
+from sluiceway_pod.fetch import EXIT_CODES, Credentials
 
 MIB = 1024 * 1024
 
 
-def _jar() -> str:
-    if shutil.which("java") is None:
-        pytest.skip("needs java (17+) to run s3proxy: apt-get install openjdk-17-jre-headless")
-    out = subprocess.run([str(ROOT / "tools" / "build-s3.sh"), "--dir"], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"s3proxy is not fetched: run tools/build-s3.sh (looked for {out.stdout.strip()})")
-    return out.stdout.strip()
-
-
-@dataclass
-class S3Server:
-    jar: str
-    root: Path
-    port: int
-    creds: Credentials
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        conf = self.root / "s3proxy.conf"
-        conf.write_text(
-            f"s3proxy.endpoint=http://127.0.0.1:{self.port}\n"
-            "s3proxy.authorization=aws-v2-or-v4\n"
-            f"s3proxy.identity={self.creds.access_key}\n"
-            f"s3proxy.credential={self.creds.secret_key}\n"
-            "jclouds.provider=filesystem\n"
-            f"jclouds.filesystem.basedir={self.root / 'data'}\n"
-        )
-        (self.root / "data").mkdir(exist_ok=True)
-        log = (self.root / "s3proxy.log").open("ab")
-        self.proc = subprocess.Popen(
-            ["java", "-jar", self.jar, "--properties", str(conf)], stdout=log, stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                status, _ = self.request("GET", "/")
-                if status in (200, 403):
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"s3proxy did not start:\n{(self.root / 's3proxy.log').read_text()[-3000:]}")
-            time.sleep(0.2)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        """One signed request (the upload side: buckets and objects)."""
-        host = f"127.0.0.1:{self.port}"
-        enc = quote(path, safe="/-_.~")
-        headers = sigv4_headers(method, host, enc, {}, self.creds, "us-east-1", dt.datetime.now(dt.UTC), body=body)
-        conn = http.client.HTTPConnection(host, timeout=30)
-        try:
-            conn.request(method, enc, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def put(self, bucket: str, key: str, body: bytes) -> None:
-        status, text = self.request("PUT", f"/{bucket}/{key}", body)
-        assert status == 200, text
-
-
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
     creds = Credentials("AKID" + secrets.token_hex(8).upper(), "s3cret-" + secrets.token_hex(16))
-    server = S3Server(_jar(), tmp_path_factory.mktemp("s3"), free_port(), creds)
+    server = S3Store(s3proxy_jar(), tmp_path_factory.mktemp("s3"), "127.0.0.1", free_port(), creds)
     server.start()
     status, text = server.request("PUT", "/models")
     assert status == 200, text
@@ -114,7 +39,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 
 def fetch(
-    s3: S3Server, dest: Path, *args: str, creds: Credentials | None = None, timeout: float = 120
+    s3: S3Store, dest: Path, *args: str, creds: Credentials | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     c = creds or s3.creds
     env = {**os.environ, "AWS_ACCESS_KEY_ID": c.access_key, "AWS_SECRET_ACCESS_KEY": c.secret_key}
@@ -128,15 +53,15 @@ def no_secrets(out: subprocess.CompletedProcess[str], *creds: Credentials) -> No
         assert c.secret_key not in text and c.access_key not in text, text
 
 
-def test_a_model_uploaded_to_a_bucket_is_fetched_and_served(s3: S3Server, tmp_path: Path) -> None:
+def test_a_model_uploaded_to_a_bucket_is_fetched_and_served(s3: S3Store, tmp_path: Path) -> None:
     from test_formats_http import ROWS, make_onnx
 
     src = tmp_path / "src"
     src.mkdir()
     _, direct = make_onnx(src)
     model = (src / "model.onnx").read_bytes()
-    s3.put("models", "scorer/v1/model.onnx", model)
-    s3.put("models", "scorer/v1/meta/labels.txt", b"a\nb\nc\nd\n")
+    s3.put_object("models", "scorer/v1/model.onnx", model)
+    s3.put_object("models", "scorer/v1/meta/labels.txt", b"a\nb\nc\nd\n")
     dest = tmp_path / "mnt" / "models"
     digest = hashlib.sha256(model).hexdigest()
     out = fetch(s3, dest, "--uri", "s3://models/scorer/v1/", "--sha256", f"model.onnx={digest}")
@@ -165,16 +90,16 @@ def test_a_model_uploaded_to_a_bucket_is_fetched_and_served(s3: S3Server, tmp_pa
     assert changed.returncode == EXIT_CODES["digest-mismatch"], changed.stdout + changed.stderr
 
 
-def test_a_single_object_with_its_digest(s3: S3Server, tmp_path: Path) -> None:
+def test_a_single_object_with_its_digest(s3: S3Store, tmp_path: Path) -> None:
     body = os.urandom(300_000)
-    s3.put("models", "single/weights.bin", body)
+    s3.put_object("models", "single/weights.bin", body)
     out = fetch(s3, tmp_path, "--uri", "s3://models/single/weights.bin", "--sha256", hashlib.sha256(body).hexdigest())
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "weights.bin").read_bytes() == body
 
 
-def test_wrong_credentials_are_access_denied_and_never_printed(s3: S3Server, tmp_path: Path) -> None:
-    s3.put("models", "denied/model.onnx", b"\x08\x08")
+def test_wrong_credentials_are_access_denied_and_never_printed(s3: S3Store, tmp_path: Path) -> None:
+    s3.put_object("models", "denied/model.onnx", b"\x08\x08")
     wrong = Credentials(s3.creds.access_key, "not-the-secret-" + secrets.token_hex(8))
     unknown = Credentials("AKIDUNKNOWN" + secrets.token_hex(4).upper(), "other-" + secrets.token_hex(8))
     for creds in (wrong, unknown):
@@ -186,7 +111,7 @@ def test_wrong_credentials_are_access_denied_and_never_printed(s3: S3Server, tmp
             no_secrets(out, creds, s3.creds)
 
 
-def test_a_missing_key_and_a_missing_bucket_are_no_such_key(s3: S3Server, tmp_path: Path) -> None:
+def test_a_missing_key_and_a_missing_bucket_are_no_such_key(s3: S3Store, tmp_path: Path) -> None:
     for uri in ("s3://models/nothing/here.onnx", "s3://models/nothing/", "s3://no-such-bucket/model.onnx"):
         out = fetch(s3, tmp_path, "--uri", uri)
         assert out.returncode == EXIT_CODES["no-such-key"] == 10, (uri, out.stderr)
@@ -194,25 +119,25 @@ def test_a_missing_key_and_a_missing_bucket_are_no_such_key(s3: S3Server, tmp_pa
         no_secrets(out, s3.creds)
 
 
-def test_a_digest_mismatch_keeps_nothing(s3: S3Server, tmp_path: Path) -> None:
-    s3.put("models", "tampered/model.onnx", b"\x08\x07tampered")
+def test_a_digest_mismatch_keeps_nothing(s3: S3Store, tmp_path: Path) -> None:
+    s3.put_object("models", "tampered/model.onnx", b"\x08\x07tampered")
     out = fetch(s3, tmp_path, "--uri", "s3://models/tampered/model.onnx", "--sha256", "ab" * 32)
     assert out.returncode == EXIT_CODES["digest-mismatch"] == 12, out.stderr
     assert "failed (digest-mismatch): model.onnx: sha256 is " in out.stderr, out.stderr
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-def test_a_model_larger_than_max_bytes_is_out_of_space(s3: S3Server, tmp_path: Path) -> None:
-    s3.put("models", "big/model.bin", b"\x00" * 200_000)
+def test_a_model_larger_than_max_bytes_is_out_of_space(s3: S3Store, tmp_path: Path) -> None:
+    s3.put_object("models", "big/model.bin", b"\x00" * 200_000)
     out = fetch(s3, tmp_path, "--uri", "s3://models/big/", "--max-bytes", "100000")
     assert out.returncode == EXIT_CODES["out-of-space"] == 13, out.stderr
     assert "failed (out-of-space)" in out.stderr and "--max-bytes 100000" in out.stderr, out.stderr
 
 
-def test_a_store_killed_mid_download_fails_then_the_next_run_resumes(s3: S3Server, tmp_path: Path) -> None:
+def test_a_store_killed_mid_download_fails_then_the_next_run_resumes(s3: S3Store, tmp_path: Path) -> None:
     body = os.urandom(64 * MIB)  # far more than the socket buffers hold, so the kill cuts the body
     digest = hashlib.sha256(body).hexdigest()
-    s3.put("models", "slow/model.bin", body)
+    s3.put_object("models", "slow/model.bin", body)
     args = ["--uri", "s3://models/slow/model.bin", "--sha256", digest, "--retries", "2", "--backoff", "0.2",
             "--timeout", "5", "--progress-seconds", "0.5"]
     env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.creds.access_key, "AWS_SECRET_ACCESS_KEY": s3.creds.secret_key}
@@ -253,8 +178,8 @@ def test_an_unreachable_store_is_retried_then_fails(tmp_path: Path) -> None:
     assert (tmp_path / "termination-log").read_text() == out.stderr
 
 
-def test_credentials_from_a_mounted_secret_directory(s3: S3Server, tmp_path: Path) -> None:
-    s3.put("models", "secretdir/model.onnx", b"\x08\x09model")
+def test_credentials_from_a_mounted_secret_directory(s3: S3Store, tmp_path: Path) -> None:
+    s3.put_object("models", "secretdir/model.onnx", b"\x08\x09model")
     secret = tmp_path / "secret"
     secret.mkdir()
     (secret / "AWS_ACCESS_KEY_ID").write_text(s3.creds.access_key + "\n")

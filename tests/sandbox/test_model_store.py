@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime as dt
 import hashlib
 import http.client
 import json
 import os
 import secrets
-import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.error
@@ -50,14 +47,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pytest
 import yaml
-from sandbox_support import ROOT, SAMPLE, cli, is_ready, missing, pods, summary, wait_for
+from s3tools import S3Store, s3proxy_jar
+from sandbox_support import SAMPLE, cli, is_ready, missing, pods, summary, wait_for
 from sluiceway_core import metric_names as m
-from sluiceway_pod.fetch import Credentials, sigv4_headers
+from sluiceway_pod.fetch import Credentials
 from sluiceway_sandbox import netns
 from sluiceway_sandbox.agent.pods import VOLUME_SYNC_SECONDS
 from sluiceway_sandbox.kubeclient import Kube
@@ -87,88 +84,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.timeout(300)]
 # --- the store ---------------------------------------------------------------------------------------
 
 
-def _jar() -> str:
-    if shutil.which("java") is None:
-        pytest.skip("needs java (17+) to run s3proxy: apt-get install openjdk-17-jre-headless")
-    out = subprocess.run([str(ROOT / "tools" / "build-s3.sh"), "--dir"], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        pytest.skip(f"the s3proxy jar is not fetched: run tools/build-s3.sh (looked for {out.stdout.strip()})")
-    return out.stdout.strip()
-
-
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class Store:
-    """s3proxy on ``host:port`` (filesystem backend under ``root``); restartable on the same data."""
-
-    jar: str
-    root: Path
-    host: str
-    port: int
-    creds: Credentials
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> None:
-        conf = self.root / "s3proxy.conf"
-        conf.write_text(
-            f"s3proxy.endpoint={self.endpoint}\n"
-            "s3proxy.authorization=aws-v2-or-v4\n"
-            f"s3proxy.identity={self.creds.access_key}\n"
-            f"s3proxy.credential={self.creds.secret_key}\n"
-            "jclouds.provider=filesystem\n"
-            f"jclouds.filesystem.basedir={self.root / 'data'}\n"
-        )
-        (self.root / "data").mkdir(exist_ok=True)
-        log = self.root / "s3proxy.log"
-        with log.open("ab") as fh:
-            self.proc = subprocess.Popen(
-                ["java", "-jar", self.jar, "--properties", str(conf)], stdout=fh, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + 90
-        last: object = None
-        while time.monotonic() < deadline:
-            try:
-                last = self.request("GET", "/")[0]
-                if last in (200, 403):
-                    return
-            except OSError as err:
-                last = err
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.3)
-        self.kill()
-        pytest.fail(f"s3proxy did not start within 90 s (last: {last!r}):\n{log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        """One SigV4-signed request (the upload side)."""
-        host = f"{self.host}:{self.port}"
-        enc = quote(path, safe="/-_.~")
-        headers = sigv4_headers(method, host, enc, {}, self.creds, "us-east-1", dt.datetime.now(dt.UTC), body=body)
-        conn = http.client.HTTPConnection(host, timeout=60)
-        try:
-            conn.request(method, enc, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def put(self, key: str, body: bytes) -> None:
-        status, text = self.request("PUT", f"/{BUCKET}/{key}", body)
-        assert status == 200, text[:500]
 
 
 class Relay:
@@ -266,7 +185,7 @@ def make_onnx() -> tuple[bytes, Callable[[np.ndarray], np.ndarray]]:
 class Box:
     layout: Layout
     kube: Kube
-    store: Store | None = None
+    store: S3Store | None = None
     bad: Credentials | None = None
     model: bytes = b""
     direct: Callable[[np.ndarray], np.ndarray] | None = None
@@ -278,11 +197,11 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
     why = missing()
     if why:
         pytest.skip(why)
-    jar = _jar()
+    jar = s3proxy_jar()
     layout = layout_for(tmp_path_factory.mktemp("sandbox"))
     if layout.bridge in netns.list_links(layout.bridge):
         pytest.fail(f"bridge {layout.bridge} exists: another sandbox is up (sluiceway sandbox down first)")
-    store: Store | None = None
+    store: S3Store | None = None
     t0 = time.monotonic()
     try:
         out = cli(layout, "up", "--no-build", "--no-keda", "--timeout", "120",
@@ -291,13 +210,13 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         print(f"\nsandbox up in {time.monotonic() - t0:.1f} s")
         kube = Kube.as_identity(layout, "admin")
         creds = Credentials("AKID" + secrets.token_hex(8).upper(), "s3cret-" + secrets.token_hex(16))
-        store = Store(jar, tmp_path_factory.mktemp("s3"), layout.bridge_ip, free_port(layout.bridge_ip), creds)
+        store = S3Store(jar, tmp_path_factory.mktemp("s3"), layout.bridge_ip, free_port(layout.bridge_ip), creds)
         store.start()
         status, text = store.request("PUT", f"/{BUCKET}")
         assert status == 200, text
         model, direct = make_onnx()
-        store.put("scorer/v1/model.onnx", model)
-        store.put("scorer/v1/meta/labels.txt", b"a\nb\nc\n")
+        store.put_object(BUCKET, "scorer/v1/model.onnx", model)
+        store.put_object(BUCKET, "scorer/v1/meta/labels.txt", b"a\nb\nc\n")
         bad = Credentials(creds.access_key, "wrong-" + secrets.token_hex(16))
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         for name, c in (("store-creds", creds), ("bad-creds", bad)):
@@ -498,8 +417,8 @@ def test_store_failures_give_their_condition_and_a_visible_reason(box: Box) -> N
 def test_a_store_killed_mid_download_is_reported_then_resumed(box: Box) -> None:
     store = box.store
     assert store is not None
-    store.put("big/v1/model.onnx", box.model)
-    store.put("big/v1/weights.bin", os.urandom(BIG))  # beside the model: fetched after it (sorted)
+    store.put_object(BUCKET, "big/v1/model.onnx", box.model)
+    store.put_object(BUCKET, "big/v1/weights.bin", os.urandom(BIG))  # beside the model: fetched after it (sorted)
     relay = Relay(store.host, (store.host, store.port), RELAY_RATE, KILL_AFTER)
     try:
         t0 = time.monotonic()
