@@ -30,10 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import numpy as np
 import pytest
 from netports import free_port
-from podtools import ROOT, start_pod
+from podtools import ROOT
 from sluiceway_pod.fetch import EXIT_CODES, MARKER
 
 MIB = 1024 * 1024
@@ -286,7 +285,7 @@ def failed(out: subprocess.CompletedProcess[str], reason: str) -> None:
 
 
 def test_an_onnx_model_pushed_as_an_artifact_is_fetched_and_served(registry: Registry, tmp_path: Path) -> None:
-    from test_formats_http import ROWS, make_onnx
+    from test_formats_http import assert_fetched_model_serves, make_onnx
 
     src = tmp_path / "src"
     src.mkdir()
@@ -306,17 +305,7 @@ def test_an_onnx_model_pushed_as_an_artifact_is_fetched_and_served(registry: Reg
     again = fetch(registry, "models/scorer:v1", dest)  # the tag still names that manifest: a no-op
     assert again.returncode == 0 and "already in" in again.stdout, again.stdout + again.stderr
 
-    pod = start_pod(tmp_path, config={"model": {"name": "scorer", "spec": str(dest)}})
-    try:
-        import tritonclient.http as tc
-
-        client = tc.InferenceServerClient(url=f"127.0.0.1:{pod.port}")
-        inp = tc.InferInput("features", list(ROWS.shape), "FP32")
-        inp.set_data_from_numpy(ROWS)
-        got = client.infer("scorer", [inp]).as_numpy("scores")
-        np.testing.assert_allclose(got, direct(ROWS.copy()), rtol=1e-5, atol=1e-5)
-    finally:
-        assert pod.terminate() == 0
+    assert_fetched_model_serves(tmp_path, dest, direct)
 
     # pinned by digest, into another directory
     pinned = fetch(registry, f"models/scorer@{digest}", tmp_path / "pinned")

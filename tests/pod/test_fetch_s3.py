@@ -17,10 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from netports import free_port
-from podtools import start_pod
 from s3tools import S3Store, s3proxy_jar
 from sluiceway_pod.fetch import EXIT_CODES, Credentials
 
@@ -54,7 +52,7 @@ def no_secrets(out: subprocess.CompletedProcess[str], *creds: Credentials) -> No
 
 
 def test_a_model_uploaded_to_a_bucket_is_fetched_and_served(s3: S3Store, tmp_path: Path) -> None:
-    from test_formats_http import ROWS, make_onnx
+    from test_formats_http import assert_fetched_model_serves, make_onnx
 
     src = tmp_path / "src"
     src.mkdir()
@@ -74,17 +72,7 @@ def test_a_model_uploaded_to_a_bucket_is_fetched_and_served(s3: S3Store, tmp_pat
     again = fetch(s3, dest, "--uri", "s3://models/scorer/v1/")  # the same URI into the same directory
     assert again.returncode == 0 and "already in" in again.stdout, again.stdout + again.stderr
 
-    pod = start_pod(tmp_path, config={"model": {"name": "scorer", "spec": str(dest)}})
-    try:
-        import tritonclient.http as tc
-
-        client = tc.InferenceServerClient(url=f"127.0.0.1:{pod.port}")
-        inp = tc.InferInput("features", list(ROWS.shape), "FP32")
-        inp.set_data_from_numpy(ROWS)
-        got = client.infer("scorer", [inp]).as_numpy("scores")
-        np.testing.assert_allclose(got, direct(ROWS.copy()), rtol=1e-5, atol=1e-5)
-    finally:
-        assert pod.terminate() == 0
+    assert_fetched_model_serves(tmp_path, dest, direct)
     # the cache marker does not hide a digest that no longer matches: it fetches and checks again
     changed = fetch(s3, dest, "--uri", "s3://models/scorer/v1/", "--sha256", "model.onnx=" + "0" * 64)
     assert changed.returncode == EXIT_CODES["digest-mismatch"], changed.stdout + changed.stderr

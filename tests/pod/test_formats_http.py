@@ -64,6 +64,22 @@ def make_export(d: Path) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
     return str(d / "model.pt2"), lambda x: program.module()(torch.from_numpy(x)).detach().numpy()
 
 
+def assert_fetched_model_serves(tmp: Path, model_dir: Path, direct: Callable[[np.ndarray], np.ndarray]) -> None:
+    """A real pod serves the model fetched into ``model_dir`` (name ``scorer``) over HTTP with
+    tritonclient, and its answer to :data:`ROWS` equals ``direct``'s (the fetch tests' end check)."""
+    import tritonclient.http as tc
+
+    pod = start_pod(tmp, config={"model": {"name": "scorer", "spec": str(model_dir)}})
+    try:
+        client = tc.InferenceServerClient(url=f"127.0.0.1:{pod.port}")
+        inp = tc.InferInput("features", list(ROWS.shape), "FP32")
+        inp.set_data_from_numpy(ROWS)
+        got = client.infer("scorer", [inp]).as_numpy("scores")
+        np.testing.assert_allclose(got, direct(ROWS.copy()), rtol=1e-5, atol=1e-5)
+    finally:
+        assert pod.terminate() == 0
+
+
 def make_onnx(d: Path) -> tuple[str, Callable[[np.ndarray], np.ndarray]]:
     """Gemm -> Relu -> Gemm built node by node; ``batch`` is a symbolic dimension (served as -1)."""
     from onnx import TensorProto, helper, numpy_helper
