@@ -7,4 +7,4 @@ ruff check .
 mypy core/sluiceway_core inference-pod/sluiceway_pod operator/sluiceway_operator operator/sluiceway_scaler \
   sandbox/sluiceway_sandbox sandbox/sluiceway_cli gateway/sluiceway_gateway
 lint-imports
-python3 -m pytest -q -p no:cacheprovider "$@"
+python3 -m pytest -q -p no:cacheprovider --durations=30 "$@"
