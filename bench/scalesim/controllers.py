@@ -200,16 +200,25 @@ def _signals(
     pod_polls: bool = False,
     count_held: bool = False,
     averaged: bool = False,
+    *,
+    in_pods_term: bool = True,
+    scaler_reads: bool = False,
 ) -> Signals:
     """The reads of ``sluiceway_core.signals.Queries`` over a ``window``-second rate window.
     ``count_held``: the requests held at the gateway count with the requests in the pods (issue 20:
     the demand term counts held requests). ``averaged``: the requests in the pods averaged over the
-    window (``Queries.requests_in_pods_avg``, what the KEDA scaler reads) instead of the instant sum
-    (``Queries.requests_in_pods``, the builtin engine's)."""
+    window (``Queries.requests_in_pods_avg``) instead of the instant sum (``Queries.requests_in_pods``,
+    the builtin engine's). ``in_pods_term=False``: the requests in the pods are not read at all (the
+    KEDA scaler as it ships, ``sluiceway_scaler.prom.PrometheusSource.read_signals``; pinned by
+    ``tests/scalesim/test_reads.py``). ``scaler_reads``: the pods ready once and their measured
+    start-up are read, as the KEDA scaler does (``Queries.pods_ready``, ``Queries.startup_seconds``)."""
     q = prom.queue_depth(t)
     if q is None:
         return Signals(queue_depth=None, ok=False, detail="no scrape yet or the query failed")
-    if pod_polls:
+    in_pods: float | None
+    if not in_pods_term:
+        in_pods = None
+    elif pod_polls:
         in_pods = prom.concurrency_live(t)
     elif averaged:
         in_pods = prom.concurrency_avg(t, window, _avg_step(window))
@@ -229,10 +238,10 @@ def _signals(
         offered_rate=prom.offered_rate(t, window),
         offered_trend=prom.offered_trend(t) if predictive else None,
         ready_replicas=prom.ready(t),
-        pods_ready=prom.pods_ready(t) if averaged else None,
-        startup_seconds=prom.startup(t) if averaged else None,
+        pods_ready=prom.pods_ready(t) if scaler_reads or averaged else None,
+        startup_seconds=prom.startup(t) if scaler_reads or averaged else None,
         requests_in_pods=in_pods,
-        requests_in_pods_now=prom.concurrency(t) if averaged and not pod_polls else None,
+        requests_in_pods_now=prom.concurrency(t) if in_pods_term and averaged and not pod_polls else None,
         # the gateway's held requests (issue 20: the policy's hold term; 0 without an edge)
         held=None if count_held else held,
         # the gateway's arrivals (answers + the held count's growth): every arrival reaches the edge
@@ -322,8 +331,12 @@ class OursKeda:
     pod_polls: bool = False
     #: the scaler adds the gateway's held requests to the requests in the pods (issue 20)
     count_held: bool = False
-    #: the scaler reads the requests in the pods averaged over its rate window
-    #: (``Queries.requests_in_pods_avg``, as ``sluiceway_scaler.prom`` does); False: the instant sum
+    #: the scaler reads the requests in the pods (``Signals.requests_in_pods``). False, as the scaler
+    #: ships: ``sluiceway_scaler.prom`` does not read the term (the window average flapped the
+    #: sandbox e2e, docs/autoscaling.md); ``tests/scalesim/test_reads.py`` pins the two read sets
+    in_pods_term: bool = False
+    #: with ``in_pods_term``: the window average (``Queries.requests_in_pods_avg``) with the instant
+    #: sample beyond its noise; False: the instant sum alone
     averaged: bool = True
     _history: ScaleHistory = field(default_factory=ScaleHistory)
     _last: int | None = None
@@ -333,7 +346,8 @@ class OursKeda:
     def _scaler(self, t: int, prom: Prometheus, pool: PodPool) -> int:
         current = pool.target if self._last is None else self._last
         signals = _signals(
-            t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held, averaged=self.averaged
+            t, prom, self.predictive, self.rate_window, self.pod_polls, self.count_held, averaged=self.averaged,
+            in_pods_term=self.in_pods_term or self.pod_polls, scaler_reads=True,
         )
         # the scaler remembers the last request cost it measured (sluiceway_scaler.service): back
         # from zero nothing was served in the rate window, and the hold term sizes with it

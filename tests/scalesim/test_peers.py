@@ -247,11 +247,13 @@ def test_the_scalers_window_average_of_the_requests_in_the_pods_is_prometheus_su
     assert prom.concurrency_avg(0, 60, 5) is None
 
 
-def test_ours_keda_reads_the_average_and_the_instant_sample_and_the_start_up() -> None:
-    """``ours-keda`` reads what ``sluiceway_scaler.prom`` reads: the window average into
-    ``requests_in_pods``, the instant sample into ``requests_in_pods_now``, the pods ready and the
-    median own start-up of the ready pods (the pod's phases from its process start: the node and
-    the image pull are not in them)."""
+def test_ours_keda_reads_the_start_up_and_not_the_requests_in_the_pods() -> None:
+    """``ours-keda`` reads what ``sluiceway_scaler.prom`` reads (``tests/scaler/test_scalesim_reads.py``
+    pins the whole set): the pods ready and the median own start-up of the ready pods (the pod's
+    phases from its process start: the node and the image pull are not in them), and not the
+    requests in the pods (the scaler does not read them). ``ours-keda-avg`` (not the product) reads
+    their window average into ``requests_in_pods`` and the instant sample into
+    ``requests_in_pods_now``."""
     model = ServiceModel(startup=Startup(20, 20, pull=(10, 10), scraped_while_warming=True))
     pool = PodPool(model, 1, np.random.default_rng(1))
     rec = Record(120)
@@ -266,7 +268,12 @@ def test_ours_keda_reads_the_average_and_the_instant_sample_and_the_start_up() -
     assert s.requests_in_pods == s.requests_in_pods_now == 0.0
     before = _signals(61, prom, False, 60)
     assert (before.pods_ready, before.startup_seconds, before.requests_in_pods_now) == (None, None, None)
-    assert OursKeda(default_spec(10), rendered_behavior(default_spec(10), windows_add_up=True)).averaged
+    shipped = _signals(61, prom, False, 60, averaged=True, in_pods_term=False, scaler_reads=True)
+    assert (shipped.pods_ready, shipped.startup_seconds) == (3, 20.0)
+    assert (shipped.requests_in_pods, shipped.requests_in_pods_now) == (None, None)
+    assert not OursKeda(default_spec(10), rendered_behavior(default_spec(10), windows_add_up=True)).in_pods_term
+    [avg] = build_policies(["ours-keda-avg"], model, np.zeros(120), 20)
+    assert isinstance(avg, OursKeda) and avg.in_pods_term and avg.averaged
 
 
 def _step() -> StepResult:
