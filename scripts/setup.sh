@@ -36,4 +36,6 @@ if [ "${SLUICEWAY_SKIP_GO:-0}" != 1 ]; then
   echo "s3proxy (fetch tests): $(tools/build-s3.sh)"
   # The oci:// fetch tests' registry: distribution's cmd/registry, built from its Go module.
   echo "registry (oci:// fetch tests): $(tools/build-registry.sh)"
+  # The operator's HTTPRoute tests: the Gateway API CRDs from the sigs.k8s.io/gateway-api module.
+  echo "Gateway API CRDs (HTTPRoute tests): $(tools/fetch-gateway-api.sh)"
 fi

@@ -65,11 +65,13 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("/apis/monitoring.coreos.com/v1", "servicemonitors"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
     (f"{GROUP}/{VERSION}", KIND): (f"/apis/{GROUP}/{VERSION}", "inferenceservices"),
 }
 
 KEDA_CRD = "scaledobjects.keda.sh"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+HTTP_ROUTE_CRD = "httproutes.gateway.networking.k8s.io"
 
 
 class ApiError(RuntimeError):

@@ -51,6 +51,7 @@ from sluiceway_core.units import parse_duration
 
 from . import GROUP, KIND, VERSION
 from .kube import (
+    HTTP_ROUTE_CRD,
     KEDA_CRD,
     REPLICAS_MANAGER,
     SERVICE_MONITOR_CRD,
@@ -148,6 +149,10 @@ class ApplyOutcome:
     gateway: bool = False
     #: Whether a storage initializer fetches the model: ``ModelFetched`` is then reported.
     model_fetch: bool = False
+    #: ``gateway.httpRoute.parentRefs`` of the spec (0: no HTTPRoute asked), and whether the
+    #: Gateway API's HTTPRoute CRD exists: ``HTTPRouteReady`` is then reported.
+    route_parents: int = 0
+    route_crd: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,6 +278,9 @@ class Reconciler:
         raw_spec = dict(body.get("spec") or {})
         generation = int(meta.get("generation") or 0)
         keda = self.kube.crd_exists(KEDA_CRD)
+        # cached (Kube.crd_exists): without the CRD the route is left out and the status says why,
+        # never an apply that fails and retries
+        route_crd = self.kube.crd_exists(HTTP_ROUTE_CRD)
 
         def outcome(
             spec: InferenceServiceSpec | None, error: tuple[str, str] | None, digest: str | None
@@ -294,6 +302,8 @@ class Reconciler:
                 quota_scope="service" if shared else "pod",
                 gateway=spec.gateway.enabled,
                 model_fetch=spec.model.fetched,
+                route_parents=len(spec.gateway.route_parents),
+                route_crd=route_crd,
             )
 
         previous_hash = st.applied.config_hash if st.applied else (body.get("status") or {}).get("configHash")
@@ -328,6 +338,7 @@ class Reconciler:
             prometheus_url=self.config.prometheus_url,
             keda=keda,
             service_monitor=self.kube.crd_exists(SERVICE_MONITOR_CRD),
+            http_route=route_crd,
             scaler_authentication=self.config.scaler_authentication,
             quota_coordinator_url=self.config.quota_coordinator_url,
             quota_lease_seconds=self.config.quota_lease_seconds,
@@ -704,6 +715,8 @@ class Reconciler:
             series_found=sig.series_found if sig else None,
             series_missing_seconds=missing,
             model_fetch=applied.model_fetch,
+            route_parents=applied.route_parents,
+            route_crd=applied.route_crd,
             pods=pods,
             pods_read_at=self.wall_clock(),
             startup=st.startup,

@@ -36,6 +36,9 @@ Service                   ``<name>-gateway-   with the gateway: headless, port `
                           metrics``           what the ServiceMonitor selects for the gateway
 NetworkPolicy             ``<name>``          with the gateway (``gateway.networkPolicy``):
                                               port ``http`` of the pods from the gateway only
+HTTPRoute (Gateway API)   ``<name>-gateway``  with ``gateway.httpRoute.parentRefs``, if the
+                                              Gateway API CRDs exist: the parents' traffic to
+                                              the gateway's Service, port ``http``
 ========================  ==================  ===============================================
 """
 
@@ -75,6 +78,7 @@ __all__ = [
     "build_gateway_children",
     "build_gateway_config",
     "build_gateway_metrics_service",
+    "build_http_route",
     "build_keys_secret",
     "build_metrics_service",
     "build_network_policy",
@@ -179,6 +183,8 @@ class Environment:
     keda: bool = False
     #: Whether the Prometheus-operator ServiceMonitor CRD exists.
     service_monitor: bool = False
+    #: Whether the Gateway API HTTPRoute CRD exists (``httproutes.gateway.networking.k8s.io``).
+    http_route: bool = False
     #: ClusterTriggerAuthentication holding KEDA's client certificate for the scaler's mutual TLS
     #: (KEDA reads caCert/tlsClientCert/tlsClientKey only from a TriggerAuthentication).
     scaler_authentication: str | None = None
@@ -1240,6 +1246,23 @@ def gateway_startup_seconds(spec: InferenceServiceSpec, startup: Mapping[str, An
     return None
 
 
+def build_gateway_hold(spec: InferenceServiceSpec, startup_seconds: float | None = None) -> dict[str, Any]:
+    """The gateway config's ``hold`` section (``sluiceway_gateway.config.HoldConfig``, camelCase) from
+    ``spec.gateway.hold``: every bound written out (the spec's defaults are the gateway's), the
+    tenant share as a fraction, ``retryAfter`` in seconds; ``startupSeconds`` only when known."""
+    h = spec.gateway.hold
+    hold: dict[str, Any] = {
+        "maxRequests": h.max_requests,
+        "maxBytes": h.max_bytes_value,
+        "tenantShare": h.tenant_share_percent / 100,
+        "handoffQueuePerPod": h.handoff_queue_per_pod,
+        "retryAfterSeconds": parse_duration(h.retry_after),
+    }
+    if startup_seconds is not None:
+        hold["startupSeconds"] = startup_seconds
+    return hold
+
+
 def build_gateway_config(
     owner: Owner,
     spec: InferenceServiceSpec,
@@ -1255,10 +1278,9 @@ def build_gateway_config(
     (``hold.startupSeconds``, which the gateway reloads in place: not in :func:`gateway_config_hash`);
     with ``quota`` (:func:`build_edge_quota`) the replicas' leases of each tenant's rate and burst."""
     timeout = min(3600.0, parse_duration(spec.timeouts.request) + GATEWAY_TIMEOUT_SLACK_SECONDS)
-    hold = {} if startup_seconds is None else {"hold": {"startupSeconds": startup_seconds}}
     leases = {} if quota is None else {"quota": dict(quota)}
     return {
-        **hold,
+        "hold": build_gateway_hold(spec, startup_seconds),
         **leases,
         "listen": {"host": "0.0.0.0", "port": HTTP_PORT, "metricsPort": METRICS_PORT},
         "watch": {"namespace": owner.namespace, "service": owner.name, "portName": "http"},
@@ -1295,6 +1317,38 @@ def build_gateway_metrics_service(owner: Owner) -> dict[str, Any]:
 
 
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+HTTP_ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute")
+
+
+def build_http_route(owner: Owner, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """``<name>-gateway``: a Gateway API HTTPRoute from ``gateway.httpRoute.parentRefs`` (Gateways;
+    another namespace's only if its ``allowedRoutes`` admit this one: a reference is not a grant)
+    with the optional ``hostnames``, every path to the gateway's Service on port ``http``. Only
+    the fields the spec sets are written (Gateway API's CRD defaults the rest: group and kind of a
+    parent, the path match ``PathPrefix /``)."""
+    route = spec.gateway.http_route
+    parents = []
+    for p in spec.gateway.route_parents:
+        ref: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": p.name}
+        if p.namespace is not None:
+            ref["namespace"] = p.namespace
+        if p.section_name is not None:
+            ref["sectionName"] = p.section_name
+        if p.port is not None:
+            ref["port"] = p.port
+        parents.append(ref)
+    body: dict[str, Any] = {
+        "parentRefs": parents,
+        "rules": [{"backendRefs": [{"group": "", "kind": "Service", "name": gateway_name(owner), "port": HTTP_PORT}]}],
+    }
+    if route is not None and route.hostnames:
+        body["hostnames"] = list(route.hostnames)
+    return {
+        "apiVersion": HTTP_ROUTE[0],
+        "kind": HTTP_ROUTE[1],
+        "metadata": _metadata(owner, gateway_name(owner), gateway_labels(owner.name)),
+        "spec": body,
+    }
 
 
 def build_network_policy(owner: Owner) -> dict[str, Any]:
@@ -1550,6 +1604,10 @@ def render(
         manifests.append(build_network_policy(owner))
     else:
         absent.append((*NETWORK_POLICY, owner.name))
+    if spec.gateway.route_parents and env.http_route:
+        manifests.append(build_http_route(owner, spec))
+    elif env.http_route:
+        absent.append((*HTTP_ROUTE, gateway_name(owner)))
     if engine in ("keda", "prometheus") and env.keda:
         manifests.append(build_scaled_object(owner, spec, env))
     elif env.keda:

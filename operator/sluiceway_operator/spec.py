@@ -10,6 +10,7 @@ quantities to bytes.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -531,12 +532,73 @@ class GatewayResourcesSpec(_Model):
     memory: Quantity = "256Mi"
 
 
+#: ``gateway.hold.maxBytes`` at most (held bodies live in the gateway's memory; the gateway's own
+#: model has no upper bound, the CRD's CEL says the same).
+MAX_HOLD_BYTES = 16 * 1024**3
+
+
+class GatewayHoldSpec(_Model):
+    """``gateway.hold``: the gateway's hold queue bounds (its config's ``hold`` section,
+    ``sluiceway_gateway.config.HoldConfig``; the same defaults). ``startupSeconds`` is not here: the
+    operator renders it from ``gateway.startupEstimate`` or the measured ``status.startup``."""
+
+    max_requests: int = Field(default=1024, ge=0, le=1_000_000)
+    max_bytes: Quantity = "64Mi"
+    #: Of each bound one tenant may hold, in percent (the gateway's ``tenantShare`` is a fraction).
+    tenant_share_percent: int = Field(default=50, ge=1, le=100)
+    handoff_queue_per_pod: int = Field(default=1, ge=0, le=10_000)
+    retry_after: Duration = "5s"
+
+    @property
+    def max_bytes_value(self) -> int:
+        return math.ceil(parse_quantity(self.max_bytes))
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_requests > 0 and self.max_bytes_value > 0
+
+
+#: Gateway API's grammars (its CRD's patterns): a DNS subdomain, a DNS label, a hostname.
+_GW_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_GW_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_HOSTNAME = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class ParentRefSpec(_Model):
+    """A Gateway API ``ParentReference`` to a Gateway (group ``gateway.networking.k8s.io``, kind
+    ``Gateway``): a reference only; the Gateway's ``allowedRoutes`` decides whether it attaches."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=_GW_SUBDOMAIN)
+    namespace: str | None = Field(default=None, min_length=1, max_length=63, pattern=_GW_LABEL)
+    section_name: str | None = Field(default=None, min_length=1, max_length=253, pattern=_GW_SUBDOMAIN)
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class HTTPRouteSpec(_Model):
+    """``gateway.httpRoute``: with ``parentRefs``, the operator renders a Gateway API ``HTTPRoute``
+    ``<name>-gateway`` to the gateway's Service (when the Gateway API CRDs are installed)."""
+
+    parent_refs: list[ParentRefSpec] | None = Field(default=None, min_length=1, max_length=32)
+    hostnames: list[Annotated[str, Field(min_length=1, max_length=253, pattern=_HOSTNAME)]] | None = Field(
+        default=None, min_length=1, max_length=16
+    )
+
+    @model_validator(mode="after")
+    def _needs_parents(self) -> HTTPRouteSpec:
+        if self.hostnames is not None and self.parent_refs is None:
+            raise ValueError(
+                "gateway.httpRoute.hostnames needs parentRefs: a route without a parent Gateway is not rendered"
+            )
+        return self
+
+
 class GatewaySpec(_Model):
     """``gateway``: the service edge (``sluiceway-gateway``, docs/gateway.md) in front of the pods.
 
     Enabled, the operator renders its ConfigMap, Deployment, Service ``<name>-gateway``, PDB,
     ServiceAccount, Role (EndpointSlice reads in the namespace) and RoleBinding, and
-    ``status.endpoint`` is the gateway's Service; the pods' Service stays."""
+    ``status.endpoint`` is the gateway's Service; the pods' Service stays. With
+    ``httpRoute.parentRefs`` also an ``HTTPRoute`` ``<name>-gateway``."""
 
     enabled: bool = False
     replicas: int = Field(default=1, ge=1, le=32)
@@ -546,6 +608,28 @@ class GatewaySpec(_Model):
     resources: GatewayResourcesSpec = Field(default_factory=GatewayResourcesSpec)
     #: A NetworkPolicy ``<name>``: the pods' inference port admits only this service's gateway pods.
     network_policy: bool = True
+    hold: GatewayHoldSpec = Field(default_factory=GatewayHoldSpec)
+    http_route: HTTPRouteSpec | None = None
+
+    @property
+    def route_parents(self) -> list[ParentRefSpec]:
+        """The HTTPRoute's parents; empty: no HTTPRoute."""
+        return list(self.http_route.parent_refs or []) if self.enabled and self.http_route is not None else []
+
+    @model_validator(mode="after")
+    def _gateway_rules(self) -> GatewaySpec:
+        if self.http_route is not None and self.http_route.parent_refs and not self.enabled:
+            raise ValueError(
+                "gateway.httpRoute needs gateway.enabled: true: the HTTPRoute's backend is the gateway's Service"
+            )
+        if self.hold.max_bytes_value > MAX_HOLD_BYTES:
+            raise ValueError("gateway.hold.maxBytes must be at most 16Gi")
+        if self.enabled and self.hold.max_bytes_value >= parse_quantity(self.resources.memory):
+            raise ValueError(
+                "gateway.hold.maxBytes must be less than gateway.resources.memory: held requests live in the "
+                "gateway's memory"
+            )
+        return self
 
 
 #: Volume names the operator uses in the inference pods.
@@ -815,6 +899,13 @@ class InferenceServiceSpec(_Model):
             )
         if not 1 <= parse_duration(a.scale_to_zero_after) <= 86_400:
             raise ValueError("autoscaling.scaleToZeroAfter must be within [1s, 24h]")
+        if a.min_replicas < 1 and not self.gateway.hold.enabled:
+            raise ValueError(
+                "autoscaling.minReplicas 0 needs gateway.hold.maxRequests and gateway.hold.maxBytes above 0: at zero "
+                "only the requests the gateway holds wake the service"
+            )
+        if not 1 <= parse_duration(self.gateway.hold.retry_after) <= 3600:
+            raise ValueError("gateway.hold.retryAfter must be within [1s, 1h]")
         estimate = self.gateway.startup_estimate
         if estimate is not None and not 1 <= parse_duration(estimate) <= 3600:
             raise ValueError("gateway.startupEstimate must be within [1s, 1h]")
@@ -872,6 +963,7 @@ class InferenceServiceSpec(_Model):
             ("autoscaling.scaleDown.releaseWindow", a.scale_down.release_window),
             ("autoscaling.scaleToZeroAfter", a.scale_to_zero_after),
             *([("gateway.startupEstimate", self.gateway.startup_estimate)] if self.gateway.startup_estimate else []),
+            ("gateway.hold.retryAfter", self.gateway.hold.retry_after),
             ("monitoring.interval", self.monitoring.interval),
         ]
 

@@ -1,10 +1,10 @@
 """Pure status computation: what was observed -> the ``status`` of an InferenceService.
 
 Follows the API conventions: ``observedGeneration`` plus ``conditions[]`` (Ready, ConfigValid,
-ModelFetched with a storage initializer, PodsHealthy, Available, AutoscalingReady, and
-MetricsAvailable, which Ready does not include), each with a CamelCase reason and a message; no
-``phase``. A condition's
-``lastTransitionTime`` only changes when its status changes. No I/O, no clock (``now`` is passed).
+ModelFetched with a storage initializer, PodsHealthy, Available, AutoscalingReady, HTTPRouteReady
+with ``gateway.httpRoute.parentRefs``, and MetricsAvailable, which Ready does not include), each
+with a CamelCase reason and a message; no ``phase``. A condition's ``lastTransitionTime`` only
+changes when its status changes. No I/O, no clock (``now`` is passed).
 """
 
 from __future__ import annotations
@@ -106,6 +106,11 @@ class Observed:
     pods_read_at: datetime.datetime | None = None
     #: ``status.startup`` (:func:`build_startup`) as last measured; None = none measured yet.
     startup: Mapping[str, Any] | None = None
+    #: Parents of the spec's HTTPRoute (``gateway.httpRoute.parentRefs``); 0: none asked, and no
+    #: ``HTTPRouteReady`` condition.
+    route_parents: int = 0
+    #: Whether the Gateway API's HTTPRoute CRD is installed.
+    route_crd: bool = False
 
 
 def format_wait(seconds: float) -> str:
@@ -214,6 +219,35 @@ def _autoscaling(o: Observed) -> Cond:
     if o.prometheus_error is not None:
         return Cond("AutoscalingReady", "False", "SignalsUnavailable", f"holding replicas: {o.prometheus_error}")
     return Cond("AutoscalingReady", "True", "BuiltinEngine", o.builtin_note or "the operator scales the Deployment")
+
+
+#: The Gateway API CRD the HTTPRoute needs.
+HTTP_ROUTE_CRD = "httproutes.gateway.networking.k8s.io"
+
+
+def _http_route(o: Observed) -> Cond:
+    """``HTTPRouteReady`` (only with ``gateway.httpRoute.parentRefs``): the HTTPRoute applied, or why
+    not. Whether each parent Gateway accepts it is the Gateway controller's word, in the
+    HTTPRoute's own ``status.parents``."""
+    t = "HTTPRouteReady"
+    if o.config_error is not None:
+        return Cond(t, "Unknown", "SpecNotApplied", "the spec is not applied (see ConfigValid)")
+    if not o.route_crd:
+        return Cond(
+            t,
+            "False",
+            "GatewayAPINotInstalled",
+            f"gateway.httpRoute.parentRefs is set but the Gateway API CRD {HTTP_ROUTE_CRD} is not installed: "
+            "install the Gateway API CRDs (standard channel) or remove gateway.httpRoute; the rest of the "
+            "service is applied",
+        )
+    return Cond(
+        t,
+        "True",
+        "HTTPRouteApplied",
+        f"HTTPRoute to the gateway's Service applied with {o.route_parents} parent(s); whether each Gateway "
+        "accepts it is in the HTTPRoute's status.parents",
+    )
 
 
 def _metrics_available(o: Observed) -> Cond:
@@ -476,6 +510,8 @@ def compute_status(o: Observed, previous_conditions: Sequence[Mapping[str, Any]]
     if o.pods_read_at is not None:
         parts.append(build_pods_healthy(o.pods, o.pods_read_at))
     parts += [av, au]
+    if o.route_parents:
+        parts.append(_http_route(o))
     conds = [_ready(parts), *parts, _metrics_available(o)]
     dstatus = (o.deployment or {}).get("status") or {}
     concurrency = str(round(o.live_permits)) if o.live_permits is not None else str(o.spec_permits)

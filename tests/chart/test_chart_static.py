@@ -234,3 +234,17 @@ def test_every_crd_spec_field_has_a_description() -> None:
         schema = version["schema"]["openAPIV3Schema"]
         assert str(schema["properties"]["spec"].get("description") or "").strip()
         assert _undescribed(schema["properties"]["spec"], "spec") == []
+
+
+def test_http_routes_are_a_namespaced_child_without_list_or_watch() -> None:
+    """Issue 19 §3: the HTTPRoute <name>-gateway is applied, read and pruned by name like the other
+    children: get/create/patch/delete, in the namespaced rules (a Role per watched namespace with
+    operator.namespaces), never list/watch, never cluster-wide."""
+    routes = [r for r in _operator_rules() if "httproutes" in r["resources"]]
+    assert routes == [
+        {
+            "apiGroups": ["gateway.networking.k8s.io"],
+            "resources": ["httproutes"],
+            "verbs": ["get", "create", "patch", "delete"],
+        }
+    ]

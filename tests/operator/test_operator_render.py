@@ -25,6 +25,7 @@ ENV = Environment(
     prometheus_url=None,
     keda=True,
     service_monitor=True,
+    http_route=True,
 )
 
 
@@ -90,7 +91,7 @@ def test_core_manifests_validate_strict(name: str) -> None:
     """Every core manifest passes kubernetes-validate in strict mode (no unknown fields)."""
     checked = 0
     for manifest in _render_case(name).manifests:
-        if manifest["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1"):
+        if manifest["apiVersion"] in ("keda.sh/v1alpha1", "monitoring.coreos.com/v1", "gateway.networking.k8s.io/v1"):
             continue  # CRDs unknown to kubernetes-validate; checked by shape below
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
         checked += 1
@@ -589,6 +590,7 @@ def test_gateway_off_prunes_every_gateway_child() -> None:
         ("apps/v1", "Deployment", "tiny-gateway"),
         ("v1", "Service", "tiny-gateway"),
         ("policy/v1", "PodDisruptionBudget", "tiny-gateway"),
+        ("gateway.networking.k8s.io/v1", "HTTPRoute", "tiny-gateway"),  # with the Gateway API CRDs
     }
 
 
@@ -1063,3 +1065,101 @@ def test_the_measured_start_up_is_the_gateways_estimate_and_a_new_one_rolls_noth
     for a, b in ((estimate, measured), (measured, later)):
         changed = [(m["kind"], m["metadata"]["name"]) for m, n in zip(a.manifests, b.manifests, strict=True) if m != n]
         assert changed == [("ConfigMap", "idle-gateway")]
+
+
+# -- spec.gateway.hold (issue 20) and the HTTPRoute (issue 19 §3) -------------------------------------
+
+
+def _gateway_config(rendered: Any) -> Any:
+    from sluiceway_gateway.config import build_gateway_config
+
+    cm = next(m for m in rendered.manifests if m["metadata"]["name"].endswith("-gateway") and m["kind"] == "ConfigMap")
+    return build_gateway_config(yaml.safe_load(cm["data"]["gateway.yaml"]))
+
+
+def test_hold_bounds_reach_the_gateways_hold_config_exactly() -> None:
+    """``spec.gateway.hold`` is read by the gateway's own loader as its ``hold`` section: the bytes
+    as a count, the tenant share as a fraction, retryAfter in seconds; the operator's start-up
+    estimate stays where it was (``startupSeconds``). Without ``hold`` the gateway's defaults are
+    written out (the spec's defaults are the gateway's)."""
+    from sluiceway_gateway.config import HoldConfig
+
+    hold = _gateway_config(_render_case("edgeroute")).hold
+    assert hold == HoldConfig(
+        max_requests=200,
+        max_bytes=256 * 1024**2,
+        tenant_share=0.25,
+        handoff_queue_per_pod=2,
+        retry_after_seconds=10.0,
+        startup_seconds=30.0,
+    )
+    assert _gateway_config(_render_case("gateway")).hold == HoldConfig()
+    assert _gateway_config(_render_case("scaletozero")).hold == HoldConfig(startup_seconds=40.0)
+    off = _gateway_config(_gateway_render(gateway={"enabled": True, "hold": {"maxRequests": 0}})).hold
+    assert off.max_requests == 0 and not off.enabled
+
+
+def test_a_hold_bound_change_rolls_the_gateway() -> None:
+    """The gateway reads its hold bounds only at start (gateway/sluiceway_gateway/reload.py reloads
+    ``startupSeconds`` alone), so a new bound changes its pod template's config hash; the default
+    written out does not."""
+    gw = load_case("gateway")["spec"]["gateway"]
+
+    def gateway_hash(rendered: Any) -> str:
+        dep = _named(rendered, "Deployment", "edge-gateway")
+        assert dep is not None
+        return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    base = gateway_hash(_gateway_render())
+    for hold in ({"maxRequests": 10}, {"maxBytes": "1Mi"}, {"tenantSharePercent": 90}, {"retryAfter": "1s"}):
+        assert gateway_hash(_gateway_render(gateway={**gw, "hold": hold})) != base, hold
+    assert gateway_hash(_gateway_render(gateway={**gw, "hold": {"maxBytes": "64Mi", "retryAfter": "5s"}})) == base
+
+
+def test_http_route_to_the_gateways_service_owned_and_pruned() -> None:
+    """With parentRefs (and the Gateway API CRD): an HTTPRoute ``<name>-gateway`` whose only backend
+    is the gateway's Service on its http port, owned by the InferenceService; without parentRefs it
+    is pruned; without the CRD it is neither rendered nor pruned (nothing to call)."""
+    rendered = _render_case("edgeroute")
+    route = _named(rendered, "HTTPRoute", "routed-gateway")
+    assert route is not None and route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    service = _named(rendered, "Service", "routed-gateway")
+    assert service is not None
+    (port,) = service["spec"]["ports"]
+    assert route["spec"]["rules"] == [
+        {"backendRefs": [{"group": "", "kind": "Service", "name": "routed-gateway", "port": port["port"]}]}
+    ]
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public"},
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": "shared-edge",
+            "namespace": "infra",
+            "sectionName": "https",
+            "port": 443,
+        },
+    ]
+    assert route["spec"]["hostnames"] == ["models.example.com", "*.models.example.com"]
+    (ref,) = route["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["controller"]) == ("InferenceService", "routed", True)
+    assert ("gateway.networking.k8s.io/v1", "HTTPRoute", "routed-gateway") not in rendered.absent
+
+    spec = load_case("edgeroute")["spec"]
+    without = {**spec, "gateway": {k: v for k, v in spec["gateway"].items() if k != "httpRoute"}}
+    owner = Owner("routed", "serving", "u")
+    pruned = render(owner, parse_spec(without), {}, ENV, edge_token=TEST_EDGE_TOKEN)
+    assert _named(pruned, "HTTPRoute", "routed-gateway") is None
+    assert ("gateway.networking.k8s.io/v1", "HTTPRoute", "routed-gateway") in pruned.absent
+    no_hosts = {**spec, "gateway": {**spec["gateway"], "httpRoute": {"parentRefs": [{"name": "public"}]}}}
+    hostless = render(owner, parse_spec(no_hosts), {}, ENV, edge_token=TEST_EDGE_TOKEN)
+    route = _named(hostless, "HTTPRoute", "routed-gateway")
+    assert route is not None and "hostnames" not in route["spec"]
+
+    import dataclasses
+
+    no_crd = dataclasses.replace(ENV, http_route=False)
+    for s in (spec, without):
+        r = render(owner, parse_spec(s), {}, no_crd, edge_token=TEST_EDGE_TOKEN)
+        assert _named(r, "HTTPRoute", "routed-gateway") is None
+        assert all(kind != "HTTPRoute" for _, kind, _ in r.absent)

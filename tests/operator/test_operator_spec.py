@@ -362,3 +362,95 @@ def test_concurrency_boundaries_reach_a_valid_pod_config(concurrency: dict[str, 
     assert cfg.adaptive_interval_seconds == parse_duration(concurrency["adaptiveInterval"])
     assert cfg.probe_share == concurrency["probeSharePercent"] / 100
     assert cfg.adaptive is concurrency.get("adaptive", True)
+
+
+# -- spec.gateway.hold and spec.gateway.httpRoute (issues 20 and 19 §3) ------------------------------
+
+GATEWAY = {**BASE, "gateway": {"enabled": True}}
+
+
+@pytest.mark.parametrize(
+    ("gateway", "spec_patch", "message"),
+    [
+        ({"hold": {"maxBytes": "512Mi"}}, {}, "gateway.hold.maxBytes must be less than gateway.resources.memory"),
+        (
+            {"hold": {"maxBytes": "17Gi"}, "resources": {"memory": "32Gi"}},
+            {},
+            "gateway.hold.maxBytes must be at most 16Gi",
+        ),
+        ({"hold": {"maxBytes": "lots"}}, {}, "spec.gateway.hold.maxBytes"),
+        ({"hold": {"maxRequests": -1}}, {}, "spec.gateway.hold.maxRequests"),
+        ({"hold": {"maxRequests": 1_000_001}}, {}, "spec.gateway.hold.maxRequests"),
+        ({"hold": {"tenantSharePercent": 0}}, {}, "spec.gateway.hold.tenantSharePercent"),
+        ({"hold": {"tenantSharePercent": 101}}, {}, "spec.gateway.hold.tenantSharePercent"),
+        ({"hold": {"handoffQueuePerPod": 10_001}}, {}, "spec.gateway.hold.handoffQueuePerPod"),
+        ({"hold": {"retryAfter": "0s"}}, {}, "gateway.hold.retryAfter must be within \\[1s, 1h\\]"),
+        ({"hold": {"retryAfter": "2h"}}, {}, "gateway.hold.retryAfter must be within \\[1s, 1h\\]"),
+        ({"hold": {"retryAfter": "soon"}}, {}, "gateway.hold.retryAfter: 'soon' is not a duration"),
+        (
+            {"hold": {"maxRequests": 0}},
+            {"autoscaling": {"minReplicas": 0}},
+            "autoscaling.minReplicas 0 needs gateway.hold.maxRequests and gateway.hold.maxBytes above 0",
+        ),
+        (
+            {"hold": {"maxBytes": 0}},
+            {"autoscaling": {"minReplicas": 0}},
+            "autoscaling.minReplicas 0 needs gateway.hold.maxRequests and gateway.hold.maxBytes above 0",
+        ),
+        (
+            {"enabled": False, "httpRoute": {"parentRefs": [{"name": "g"}]}},
+            {},
+            "gateway.httpRoute needs gateway.enabled",
+        ),
+        ({"httpRoute": {"hostnames": ["a.example"]}}, {}, "gateway.httpRoute.hostnames needs parentRefs"),
+        ({"httpRoute": {"parentRefs": []}}, {}, "spec.gateway.httpRoute.parentRefs"),
+        ({"httpRoute": {"parentRefs": [{"name": "Bad_Name"}]}}, {}, "spec.gateway.httpRoute.parentRefs.0.name"),
+        ({"httpRoute": {"parentRefs": [{"name": "g", "port": 0}]}}, {}, "spec.gateway.httpRoute.parentRefs.0.port"),
+        ({"httpRoute": {"parentRefs": [{"name": "g", "namespace": "a.b"}]}}, {}, "parentRefs.0.namespace"),
+        ({"httpRoute": {"parentRefs": [{"name": "g"}], "hostnames": ["a..b"]}}, {}, "httpRoute.hostnames.0"),
+        ({"httpRoute": {"parentRefs": [{"name": "g"}] * 33}}, {}, "spec.gateway.httpRoute.parentRefs"),
+    ],
+)
+def test_gateway_hold_and_route_refusals_name_the_field(
+    gateway: dict[str, Any], spec_patch: dict[str, Any], message: str
+) -> None:
+    spec = {**GATEWAY, **spec_patch, "gateway": {"enabled": True, **gateway}}
+    if spec_patch.get("autoscaling", {}).get("minReplicas") == 0:
+        spec["autoscaling"] = {"engine": "keda", "minReplicas": 0}
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec)
+
+
+def test_gateway_hold_defaults_are_the_gateways() -> None:
+    """The spec's hold defaults (the CRD's: test_model_defaults_equal_crd_defaults) are the gateway's
+    own (``sluiceway_gateway.config.HoldConfig``)."""
+    from sluiceway_gateway.config import HoldConfig
+
+    hold = parse_spec(GATEWAY).gateway.hold
+    gw = HoldConfig()
+    assert hold.max_requests == gw.max_requests
+    assert hold.max_bytes_value == gw.max_bytes
+    assert hold.tenant_share_percent / 100 == gw.tenant_share
+    assert hold.handoff_queue_per_pod == gw.handoff_queue_per_pod
+    assert parse_duration(hold.retry_after) == gw.retry_after_seconds
+    crd_hold = crd_schema()["properties"]["spec"]["properties"]["gateway"]["properties"]["hold"]["properties"]
+    assert {k: v["default"] for k, v in crd_hold.items()} == {
+        "maxRequests": 1024,
+        "maxBytes": "64Mi",
+        "tenantSharePercent": 50,
+        "handoffQueuePerPod": 1,
+        "retryAfter": "5s",
+    }
+
+
+def test_gateway_hold_and_route_accepted() -> None:
+    spec = parse_spec(load_case("edgeroute")["spec"])
+    assert spec.gateway.hold.max_bytes_value == 256 * 1024**2
+    assert [p.name for p in spec.gateway.route_parents] == ["public", "shared-edge"]
+    # a route is only rendered with the gateway on and parents listed
+    assert parse_spec({**GATEWAY, "gateway": {"enabled": True, "httpRoute": {}}}).gateway.route_parents == []
+    assert parse_spec({**BASE, "gateway": {"enabled": False, "httpRoute": {}}}).gateway.route_parents == []
+    # the memory rule holds only with the gateway on (nothing is held otherwise)
+    assert parse_spec({**BASE, "gateway": {"hold": {"maxBytes": "1Gi"}}}).gateway.hold.max_bytes_value == 1024**3
+    # a fractional byte count rounds up (the CRD's quantity(...) > 0 agrees: not 0, holding stays on)
+    assert parse_spec({**GATEWAY, "gateway": {"enabled": True, "hold": {"maxBytes": "500m"}}}).gateway.hold.enabled

@@ -194,3 +194,20 @@ def test_model_fetched_true_pending_and_absent() -> None:
     cond = next(c for c in st["conditions"] if c["type"] == "ModelFetched")
     assert "(access-denied), exit 11" in cond["message"] and cond["message"].endswith("(2 pods failing)")
     assert "ModelFetched" not in _conds(compute_status(_obs(), None, "T0"))  # no storageUri: no condition
+
+
+def test_http_route_condition_only_when_asked_and_why_not() -> None:
+    """``HTTPRouteReady`` (issue 19 §3): absent without ``gateway.httpRoute.parentRefs``; False with
+    the reason when the Gateway API CRD is missing (and Ready says so: the route was asked for);
+    True once applied; Unknown while the spec is not applied."""
+    assert "HTTPRouteReady" not in _conds(compute_status(_obs(deployment=AVAILABLE_DEP), None, "T0"))
+    missing = compute_status(_obs(deployment=AVAILABLE_DEP, route_parents=2, route_crd=False), None, "T0")
+    assert _conds(missing)["HTTPRouteReady"] == ("False", "GatewayAPINotInstalled")
+    cond = next(c for c in missing["conditions"] if c["type"] == "HTTPRouteReady")
+    assert "httproutes.gateway.networking.k8s.io is not installed" in cond["message"]
+    assert _conds(missing)["Ready"] == ("False", "GatewayAPINotInstalled")
+    applied = compute_status(_obs(deployment=AVAILABLE_DEP, route_parents=2, route_crd=True), None, "T1")
+    assert _conds(applied)["HTTPRouteReady"] == ("True", "HTTPRouteApplied")
+    assert _conds(applied)["Ready"] == ("True", "Ready")
+    bad = compute_status(_obs(route_parents=1, route_crd=True, config_error=("InvalidSpec", "x")), None, "T2")
+    assert _conds(bad)["HTTPRouteReady"] == ("Unknown", "SpecNotApplied")
