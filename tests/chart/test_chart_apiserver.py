@@ -167,6 +167,10 @@ NEEDED = [
     ("watch", "endpointslices", "discovery.k8s.io", ""),
     # spec.model.storageUri: the storage initializers' states (ModelFetched)
     ("list", "pods", "", ""),
+    # spec.gateway.httpRoute: the HTTPRoute <name>-gateway, applied, read back and pruned by name
+    ("get", "httproutes", "gateway.networking.k8s.io", ""),
+    ("patch", "httproutes", "gateway.networking.k8s.io", ""),
+    ("delete", "httproutes", "gateway.networking.k8s.io", ""),
 ]
 #: Never, anywhere. The operator creates RoleBindings (the gateway's) but can grant only what it
 #: holds itself: no bind, no escalate (test_operator_cannot_grant_more_than_it_holds).
@@ -182,6 +186,9 @@ NEVER = [
     ("bind", "clusterroles", "rbac.authorization.k8s.io", ""),
     ("create", "clusterrolebindings", "rbac.authorization.k8s.io", ""),
     ("create", "clusterroles", "rbac.authorization.k8s.io", ""),
+    # the operator neither lists nor watches HTTPRoutes (issue 19 §3: its own, by name)
+    ("list", "httproutes", "gateway.networking.k8s.io", ""),
+    ("watch", "httproutes", "gateway.networking.k8s.io", ""),
 ]
 
 
@@ -222,6 +229,7 @@ def test_namespaced_rbac_by_subject_access_review(installed: str, admin: Admin) 
             ("create", "roles", "rbac.authorization.k8s.io"),
             ("create", "serviceaccounts", ""),
             ("list", "endpointslices", "discovery.k8s.io"),
+            ("patch", "httproutes", "gateway.networking.k8s.io"),
         ):
             assert not _can(admin, verb, resource, ns, group), (verb, resource, ns)
     for verb in ("get", "list", "watch"):
