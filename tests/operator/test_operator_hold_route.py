@@ -64,6 +64,7 @@ def admin(control_plane: ControlPlane) -> Iterator[Admin]:
     yield a
     if a.get(f"{CRD_PATH}/{ROUTE_CRD}") is not None:  # leave the session's control plane as found
         a.call("DELETE", f"{CRD_PATH}/{ROUTE_CRD}")
+        wait_for(lambda: a.get(f"{CRD_PATH}/{ROUTE_CRD}") is None, 60, what="the HTTPRoute CRD deleted")
 
 
 def _isvc(name: str, **spec: Any) -> dict[str, Any]:
