@@ -6,7 +6,9 @@ clients send it.
   client (tritonclient, KServe's SDK, httpx, ``requests.Session``) calls a Service. kube-proxy picks a
   pod when a connection opens, so each client's requests all land on the pod its connection reached;
   a client opens a new connection only when one is closed (by the pod, or by a client timeout).
-  Pods added later get nothing from connections already open (issue 19).
+  Pods added later get nothing from connections already open (issue 19). Pointed at the gateway's
+  Service instead (``sluiceway demo``'s default), the same clients reach every pod: the gateway
+  routes each request.
 * **Per request (an explicit option).** ``per_request=``: every request goes straight to a random
   ready, non-terminating endpoint from :class:`EndpointWatcher` (the Service's EndpointSlices, re-read
   every ``refresh`` seconds) -- the spread a per-request balancer gives, which kube-proxy does not.

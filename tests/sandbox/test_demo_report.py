@@ -90,7 +90,8 @@ def test_live_rows() -> None:
     from sluiceway_sandbox.demo import EdgeReading
 
     s2 = dataclasses.replace(s, served={"198.18.1.5": 130.0, "198.18.1.6": 10.0},
-                             edge=EdgeReading(held=2, handed_off=12, refused={"rate_limited": 5, "hold_full": 0}))
+                             edge=EdgeReading(held=2, handed_off=12,
+                                              refused={"rate_limited": 5, "hold_full": 0, "header_timeout": 3}))
     rows = dict(render_table(s2, 40.0, {}, {"198.18.1.5": 100.0}))
     assert rows["served per pod"] == "198.18.1.5 75% 198.18.1.6 25%"
     assert rows["edge (gateway)"] == "held 2 now, 12 handed off after a hold; refused: rate_limited:5"
@@ -246,7 +247,7 @@ def test_report_states_dips_shares_and_the_edge() -> None:
             desired = 3  # one dip
         served = {f"198.18.1.{i}": float(10 * t) for i in range(1, ready + 1)}
         edge = EdgeReading(held=float(t == 23) * 9, handed_off=5.0, hold_outcomes={"handed_off": 5.0},
-                           refused={"rate_limited": 3.0, "hold_timeout": 0.0})
+                           refused={"rate_limited": 3.0, "hold_timeout": 0.0, "header_timeout": 24.0})
         samples.append(dataclasses.replace(_sample(t, ready, desired, phase), served=served, edge=edge))
     r = build_report(samples, [Outcome(1, "search", 200, latency=0.06)], ramp)
     assert r.over_dips is not None and (r.over_dips.dips, r.over_dips.low, r.over_dips.high) == (1, 1, 4)
@@ -258,7 +259,8 @@ def test_report_states_dips_shares_and_the_edge() -> None:
     assert "desired min 1, max 4" in text
     assert "t=35..60 s (4 pods, even 25.0%): 198.18.1.1 25.0%" in text
     assert "held at most 9 at once; held requests by outcome: handed_off:5" in text
-    assert "refused at the edge by reason: rate_limited:3" in text and "hold_timeout" not in text
+    assert "refused at the edge by reason: rate_limited:3; connections closed at the header deadline" in text
+    assert "no request answered): 24" in text and "hold_timeout" not in text
     # without a gateway and with one pod: no edge lines, shares "-"
     plain = build_report([_sample(t, 1) for t in range(1, 71)], [], ramp)
     assert plain.edge is None and "served per pod in the 3x phase: -" in "\n".join(plain.lines())
