@@ -128,6 +128,25 @@ def ip_for_index(layout: Layout, index: int) -> str:
     return str(addr)
 
 
+def pod_address_count(layout: Layout) -> int:
+    """How many pod addresses the range holds (from .1.1, less the broadcast address)."""
+    return max(0, ipaddress.ip_network(layout.pod_cidr).num_addresses - 257 - 1)
+
+
+def next_free_index(used: set[int], last: int, size: int) -> int:
+    """The first index of ``range(size)`` not in ``used`` after ``last`` (the last one given),
+    wrapping round: addresses go round the range as the CNI's host-local IPAM gives them, so a pod
+    does not get the address of a pod just gone. Others kept that address's old MAC in their
+    neighbour cache, and their connections to the new pod went nowhere until the entry expired
+    (15 to 45 s: the gateway's hand-off lag after a scale to zero and back, issue 20). Raises
+    ``ValueError`` when every index is used."""
+    for step in range(1, size + 1):
+        i = (last + step) % size
+        if i not in used:
+            return i
+    raise ValueError(f"pod address range exhausted ({size} addresses)")
+
+
 def index_of_ip(layout: Layout, ip: str) -> int | None:
     """Inverse of :func:`ip_for_index`; None for an address outside the pod range."""
     net = ipaddress.ip_network(layout.pod_cidr)

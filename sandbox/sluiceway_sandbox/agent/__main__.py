@@ -13,7 +13,15 @@ from typing import Any
 
 from ..kubeclient import Kube, KubeError
 from ..layout import Layout, layout_for
-from ..netns import index_of_ip, ip_for_index, list_netns, pod_network_down
+from ..netns import (
+    NetworkError,
+    index_of_ip,
+    ip_for_index,
+    list_netns,
+    next_free_index,
+    pod_address_count,
+    pod_network_down,
+)
 from ..state import recorded, stop
 from .images import Images
 from .node import build_node, capacity, register, renew_lease
@@ -39,6 +47,8 @@ class Agent:
         self.version = version
         self.workers: dict[str, PodWorker] = {}
         self.ips: dict[str, int] = {}
+        #: the index of the last address given: the next goes after it (:func:`next_free_index`)
+        self.last_ip = -1
         self.ip_lock = threading.Lock()
         self.stopping = threading.Event()
         self.ctx = NodeContext(
@@ -52,8 +62,10 @@ class Agent:
         )
 
     def allocate_ip(self, uid: str, preferred: str | None = None) -> str:
-        """A free pod address; ``preferred`` (the address the Pod already reports, after an agent
-        restart) is kept when free, since a Pod's IP never changes."""
+        """A free pod address, the next after the last given (round the range: a pod never gets the
+        address of one just gone, :func:`~sluiceway_sandbox.netns.next_free_index`); ``preferred``
+        (the address the Pod already reports, after an agent restart) is kept when free, since a
+        Pod's IP never changes."""
         with self.ip_lock:
             if uid not in self.ips:
                 used = set(self.ips.values())
@@ -61,7 +73,11 @@ class Agent:
                 if want is not None and want not in used:
                     self.ips[uid] = want
                 else:
-                    self.ips[uid] = next(i for i in range(65000) if i not in used)
+                    try:
+                        self.ips[uid] = next_free_index(used, self.last_ip, pod_address_count(self.layout))
+                    except ValueError as err:
+                        raise NetworkError(str(err)) from None
+                    self.last_ip = self.ips[uid]
             return ip_for_index(self.layout, self.ips[uid])
 
     def release_ip(self, uid: str) -> None:
