@@ -75,7 +75,17 @@ from .errors import (
     ShuttingDown,
     UpstreamLost,
 )
-from .hold import Held, HoldLimits, HoldQueue, predicted_ready_seconds, retry_after_seconds, room, start_left_seconds
+from .hold import (
+    ColdStart,
+    Held,
+    HoldLimits,
+    HoldQueue,
+    cold_start_estimate,
+    predicted_ready_seconds,
+    retry_after_seconds,
+    room,
+    start_left_seconds,
+)
 from .ledger import LOAD_HEADERS, QUEUE_FULL_LEVEL, PodLoad, apply_headers, observe_latency, routable, stale
 from .metrics import RETRY_POD_LOST_UNSTARTED, GatewayMetrics
 from .routing import choose, refusal_reason, retryable
@@ -101,6 +111,8 @@ CONNECTION_LIMIT = "connection_limit"
 #: the window of answers the observed drain rate counts, and at most this many answers per pod in it
 ANSWER_WINDOW = 1.0
 ANSWER_WINDOW_MAX = 8192
+#: the cold starts the prediction of the next one is made from (the latest ones measured)
+COLD_HISTORY = 5
 #: client-sent edge headers: never forwarded (only the gateway may vouch for a request)
 _EDGE_IN = frozenset(h.encode() for h in EDGE_HEADERS)
 #: the start signal's ask, sent with the edge token only
@@ -141,6 +153,12 @@ class Gateway:
         #: when each pod's latest answers came (the last ``ANSWER_WINDOW`` seconds, bounded): the
         #: drain rate the ready-time prediction sees (:meth:`observed_rate`)
         self._answered_at: dict[str, deque[float]] = {}
+        #: the cold start in progress (the first request held with no pod at all, until a pod is
+        #: routable) and the lengths of the latest ones measured
+        self._cold: ColdStart | None = None
+        self._cold_measured: deque[float] = deque(maxlen=COLD_HISTORY)
+        #: each pod's routability as last logged (transitions are logged with their cause)
+        self._routable_logged: dict[str, bool] = {}
         #: callbacks that cut a request waiting for its pod's answer (the shutdown grace ended)
         self._cuts: set[Callable[[], None]] = set()
         self._held_waiting = 0  # handlers awaiting a hand-off (held, or woken and not yet resumed)
@@ -159,6 +177,11 @@ class Gateway:
             pod = self.pods.get(ep.key)
             if pod is None:
                 pod = self.pods[ep.key] = PodLoad(ep.key, heard_at=-1e9)
+                log.info("discovery: pod %s added (%s)", ep.key,
+                         "ready" if ep.ready else "terminating" if ep.terminating else "starting")
+            elif pod.ready != ep.ready:
+                log.info("discovery: pod %s %s", ep.key,
+                         "ready" if ep.ready else "terminating" if ep.terminating else "not ready")
             pod.ready = ep.ready
         for key in [k for k in self.pods if k not in seen]:
             del self.pods[key]
@@ -169,6 +192,8 @@ class Gateway:
             self._last_poll.pop(key, None)
             self._answered_at.pop(key, None)
             self._start_failures.pop(key, None)
+            self._routable_logged.pop(key, None)
+            log.info("discovery: pod %s removed", key)
         self._gauge_endpoints()
         self._pump()
 
@@ -179,7 +204,13 @@ class Gateway:
         startup = self.config.hold.startup_seconds
         for p in self.pods.values():
             ep = self.addresses.get(p.key)
+            if routable(p) != self._routable_logged.get(p.key, False):
+                self._routable_logged[p.key] = routable(p)
+                log.info("pod %s %s (discovery ready %s, down %s, draining %s, last poll %s)", p.key,
+                         "routable" if routable(p) else "not routable", p.ready, p.down, p.draining,
+                         self._last_poll.get(p.key))
             if routable(p):
+                self._cold_ended(now, p.key)
                 self._start_failures.pop(p.key, None)
                 since = self._starting.pop(p.key, None)
                 if since is not None and startup is not None:
@@ -188,6 +219,39 @@ class Gateway:
                 self._starting.pop(p.key, None)
             elif p.key not in self._starting and not p.draining:
                 self._starting[p.key] = now
+
+    def cold_estimate(self) -> float | None:
+        """The predicted length of the next cold start (:func:`~sluiceway_gateway.hold.
+        cold_start_estimate`); ``None`` without ``hold.startupSeconds``."""
+        hc = self.config.hold
+        if hc.startup_seconds is None:
+            return None
+        return cold_start_estimate(list(self._cold_measured), hc.startup_seconds, hc.cold_start_overhead_seconds)
+
+    def _cold_began(self, now: float) -> None:
+        """A request is held with no pod at all (none routable, none starting): a cold start begins."""
+        if self._cold is not None or any(routable(p) for p in self.pods.values()) or self._starting:
+            return
+        estimate = self.cold_estimate()
+        if estimate is None:
+            return
+        self._cold = ColdStart(now, estimate)
+        self.metrics.cold_predicted.set(estimate)
+        log.info("cold start: a request held with no pod; a pod predicted ready in %.1fs (%s)", estimate,
+                 f"median of the last {len(self._cold_measured)} measured" if self._cold_measured
+                 else "hold.startupSeconds + hold.coldStartOverheadSeconds")
+
+    def _cold_ended(self, now: float, key: str) -> None:
+        cold = self._cold
+        if cold is None:
+            return
+        self._cold = None
+        took = now - cold.since
+        self._cold_measured.append(took)
+        self.metrics.cold_actual.set(took)
+        self.metrics.cold_error.observe(took - cold.estimate)
+        log.info("cold start: pod %s routable %.2fs after the first request held (predicted %.1fs)", key, took,
+                 cold.estimate)
 
     def predicted_ready(self, now: float, held_ahead: int | None = None) -> float | None:
         """Seconds until a pod can serve a request held now, behind ``held_ahead`` requests (default:
@@ -202,7 +266,8 @@ class Gateway:
         return predicted_ready_seconds(now, pods, self._starting.values(), startup,
                                        self.hold.count if held_ahead is None else held_ahead,
                                        self.config.hold.handoff_queue_per_pod, overdue=True,
-                                       observed_rate=self.observed_rate(now))
+                                       observed_rate=self.observed_rate(now), cold=self._cold,
+                                       cold_estimate=self.cold_estimate())
 
     def observed_rate(self, now: float) -> float:
         """Answers per second the routable pods gave over the last ``ANSWER_WINDOW`` seconds."""
@@ -219,8 +284,15 @@ class Gateway:
         """What the prediction rests on, for a refusal's message: the soonest starting pod's overrun of
         ``hold.startupSeconds`` and the failed starts seen."""
         startup = self.config.hold.startup_seconds
-        if startup is None or not self._starting:
+        cold = self._cold
+        if startup is None or (not self._starting and cold is None):
             return ""
+        if cold is not None:
+            over = (now - cold.since) - cold.estimate
+            late = (f"; the cold start is {over:.1f}s past its prediction ({cold.estimate:.1f}s)" if over > 0 else "")
+            if any(self._start_failures.values()):
+                late += "; a failed start seen (a starting pod's process ended while it loaded)"
+            return late
         key, since = min(self._starting.items(), key=lambda kv: start_left_seconds(now - kv[1], startup, True))
         over = (now - since) - startup
         parts = []
@@ -288,6 +360,8 @@ class Gateway:
     async def _poll(self, pod: PodLoad) -> None:
         ep = self.addresses.get(pod.key)
         result = "error"
+        began = self.clock()
+        detail = ""
         try:
             if ep is None:
                 return
@@ -300,6 +374,7 @@ class Gateway:
             finally:
                 self.pool.release(conn)
             apply_headers(pod, _str_headers(resp), self.clock())
+            detail = f"HTTP {resp.status}"
             if resp.status == 200:
                 pod.draining = False
                 result = "ready"
@@ -308,10 +383,11 @@ class Gateway:
                 pod.draining = reason == "draining"
                 pod.down = not pod.draining
                 result = reason if reason in ("draining", "not_ready") else "error"
-        except (ConnectFailed, Lost, TimeoutError):
+        except (ConnectFailed, Lost, TimeoutError) as err:
             pod.down = True
             pod.heard_at = self.clock()
             result = "unreachable"
+            detail = f"{type(err).__name__} {err}"
         finally:
             self._polling.discard(pod.key)
             self.metrics.polls.labels(result).inc()
@@ -320,6 +396,9 @@ class Gateway:
                 if (result == "unreachable" and pod.key in self._starting
                         and self._last_poll.get(pod.key) in ("not_ready", "error")):
                     self._start_failures[pod.key] = self._start_failures.get(pod.key, 0) + 1
+                if self._last_poll.get(pod.key) != result:
+                    log.info("poll: pod %s %s -> %s (%s, %.3fs)", pod.key, self._last_poll.get(pod.key), result,
+                             detail, self.clock() - began)
                 self._last_poll[pod.key] = result
             self._track_starting()
             self._pump()
@@ -515,6 +594,7 @@ class Gateway:
         except (HoldFull, HoldTenantFull) as err:
             self.metrics.hold_refused.labels(err.bound).inc()
             raise
+        self._cold_began(now)
         loop = asyncio.get_running_loop()
         h.waiter = fut = loop.create_future()
         timer = loop.call_later(max(0.0, deadline - now), self._expire_held, h)

@@ -59,6 +59,11 @@ class HoldConfig(_Model):
     #: how long a pod takes from first seen starting to ready; ``None``: no prediction, no early 503
     startup_seconds: float | None = Field(default=None, gt=0, le=3600,
                                           description="start-up estimate for the predicted ready time")
+    #: a cold start (from zero) as the gateway waits for it, less the pods' own start-up: the
+    #: scaler's activation, the pod's creation and scheduling, the readiness probe's period and the
+    #: EndpointSlice update; used until the gateway has measured a cold start itself
+    cold_start_overhead_seconds: float = Field(default=6.0, ge=0, le=3600,
+                                               description="added to startupSeconds before a cold start is measured")
 
     @property
     def enabled(self) -> bool:

@@ -11,8 +11,9 @@ pod's ledger says its queue is full), bounded, ordered and each with its deadlin
   :meth:`HoldQueue.remove` let the gateway answer it when the deadline passes while it is held.
 
 Also here, the hand-off arithmetic (:func:`room`), the ``Retry-After`` estimate
-(:func:`retry_after_seconds`) and the predicted time until a pod can serve a new held request
-(:func:`predicted_ready_seconds`), all pure.
+(:func:`retry_after_seconds`), the predicted time until a pod can serve a new held request
+(:func:`predicted_ready_seconds`) and the cold start's estimate from the ones measured
+(:func:`cold_start_estimate`), all pure.
 
 Concurrency model: owned by the gateway's event loop; nothing here blocks, awaits or reads a clock
 (``now`` is passed in). The awaiting and the timers are the gateway's (:mod:`~sluiceway_gateway.app`).
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,22 +211,53 @@ def start_left_seconds(elapsed: float, startup: float, overdue: bool) -> float:
     return -left if overdue else 0.0
 
 
+@dataclass(frozen=True)
+class ColdStart:
+    """A cold start as the gateway sees it: from ``since``, the first request it held with no pod at
+    all (none ready, none starting), to the first pod it can hand requests to; ``estimate``: its
+    predicted length in all (:func:`cold_start_estimate`)."""
+
+    since: float
+    estimate: float
+
+
+def cold_start_estimate(measured: Sequence[float], startup: float, overhead: float) -> float:
+    """The predicted length of the next cold start: the median of the last ones the gateway measured
+    (``measured``, oldest first, bounded by the caller): each covers everything the gateway waits
+    for (the scaler's activation, the pod's creation and scheduling, its own start-up, the
+    readiness probe's period, the EndpointSlice update), and one slow start among a few does not
+    move the median; with none measured yet, ``startup`` (the pods' own measured start-up,
+    ``hold.startupSeconds``, which counts from the pod's scheduling to its own ready phase) plus
+    ``overhead`` (``hold.coldStartOverheadSeconds``: what comes before and after it)."""
+    if not measured:
+        return startup + overhead
+    return float(statistics.median(measured))
+
+
 def predicted_ready_seconds(now: float, pods: Iterable[PodLoad], starting_since: Iterable[float],
                             startup: float, held_ahead: int, extra_queue: int, overdue: bool = False,
-                            observed_rate: float = 0.0) -> float:
+                            observed_rate: float = 0.0, cold: ColdStart | None = None,
+                            cold_estimate: float | None = None) -> float:
     """Seconds until a pod can serve a request held now: with a ready pod, the time to drain the
     ``held_ahead`` requests at the ready pods' rate (:func:`handoff_rate`, or the rate they were
     seen answering lately, ``observed_rate``, when that is higher: after a burst the mean answer time
     lags behind, still stretched by the queue the burst built, while the answers themselves show the
-    pace); with none, the time left for the soonest
-    starting pod (:func:`start_left_seconds` of how long ago it was first seen starting), or the
-    whole ``startup`` when none is starting, plus the drain at the starting pods' rate."""
+    pace); with none, during a cold start (``cold``) the time left of it (:func:`start_left_seconds`
+    of its elapsed time against its estimate), else the time left for the soonest
+    starting pod (:func:`start_left_seconds` of how long ago it was first seen starting), or, none
+    starting, the whole ``cold_estimate`` (this request starts a cold start; ``startup`` without
+    one), plus the drain at the starting pods' rate."""
     pods = list(pods)
     ready = [p for p in pods if routable(p)]
     if ready:
         return held_ahead / max(handoff_rate(ready, extra_queue), observed_rate)
     left = [start_left_seconds(now - since, startup, overdue) for since in starting_since]
-    wait = min(left) if left else startup
+    if cold is not None:
+        wait = start_left_seconds(now - cold.since, cold.estimate, overdue)
+    elif left:
+        wait = min(left)
+    else:
+        wait = startup if cold_estimate is None else cold_estimate
     rate = handoff_rate(pods, extra_queue) if pods else 0.0
     return wait + (held_ahead / rate if rate > 0 else 0.0)
 

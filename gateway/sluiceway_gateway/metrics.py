@@ -74,6 +74,18 @@ class GatewayMetrics:
             "(hold.startupSeconds): positive, later than predicted",
             buckets=(-60, -30, -10, -5, -2, -1, -0.5, -0.25, 0, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=registry)
+        self.cold_predicted = Gauge(
+            "sluiceway_gateway_cold_start_predicted_seconds",
+            "The predicted length of the latest cold start (first request held with no pod at all to the first "
+            "pod ready), made when it began", registry=registry)
+        self.cold_actual = Gauge(
+            "sluiceway_gateway_cold_start_actual_seconds",
+            "The measured length of the latest finished cold start", registry=registry)
+        self.cold_error = Histogram(
+            "sluiceway_gateway_cold_start_prediction_error_seconds",
+            "A cold start's measured length less its prediction: positive, later than predicted",
+            buckets=(-60, -30, -10, -5, -2, -1, -0.5, -0.25, 0, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=registry)
         self.reloads = Counter("sluiceway_gateway_config_reload_total",
                                "Reloads of the keys file and the tenants section, by result", ["result"],
                                registry=registry)
