@@ -18,7 +18,22 @@ from dataclasses import dataclass
 from . import metric_names as m
 from .units import format_duration
 
-__all__ = ["GATEWAY_COMPONENT", "Queries", "average_step", "selector"]
+__all__ = ["GATEWAY_COMPONENT", "Queries", "average_step", "selector", "starting_bound"]
+
+#: A pod loading longer than this many times the measured start-up, plus a minute, no longer counts
+#: as starting (:func:`starting_bound`).
+STARTING_BOUND_FACTOR = 3.0
+STARTING_BOUND_SLACK = 60.0
+
+
+def starting_bound(startup_seconds: float | None) -> float | None:
+    """How long a pod may load before the activation stops counting it as starting: three times the
+    pods' measured start-up (``Queries.startup_seconds``, the median of their own phases) plus a
+    minute (the scheduling and image pull those phases leave out). ``None`` when the start-up is
+    unknown (no pod has been ready): no bound, only the crash-loop rule."""
+    if startup_seconds is None or not (0 < startup_seconds < float("inf")):
+        return None
+    return STARTING_BOUND_FACTOR * startup_seconds + STARTING_BOUND_SLACK
 
 _LABEL_VALUE_BAD = ('"', "\\", "\n")
 
@@ -96,10 +111,40 @@ class Queries:
     #: Requests the gateway refused for want of a pod within the rate window: at the hold queue's
     #: bounds, none ready without a hold queue, held to their deadline (``Signals.refused_no_pod``).
     refused_no_pod: str = ""
+    #: Pods still starting, for the activation (issue 20: never deactivate while a pod loads): pods
+    #: up that have never been ready, less the crash-looping ones, whose target went down at least
+    #: twice within ``crash_window`` (``resets(up[w]) >= 2``: a process that died while loading,
+    #: restarted, died again; a pod starting for the first time only goes up). See
+    #: :meth:`starting_pods` for the bound on a pod that loads for ever.
+    pods_starting: str = ""
+    #: The selectors :meth:`starting_pods` adds the bound with (the pods' targets).
+    pods_selector: str = ""
+
+    def starting_pods(self, bound_seconds: float | None) -> str:
+        """``pods_starting``, and with ``bound_seconds`` also less the pods that have been up and
+        not ready for longer than it (up ``bound`` ago, their target never down since: stuck
+        loading). ``None``: no bound (the start-up is unknown). Raises ValueError on a bound that is
+        not a positive finite number."""
+        if bound_seconds is None:
+            return self.pods_starting
+        if not (bound_seconds > 0 and bound_seconds < float("inf")):
+            raise ValueError(f"bound must be a positive number of seconds, got {bound_seconds!r}")
+        b = format_duration(max(1.0, float(round(bound_seconds))))
+        up = f"up{{{self.pods_selector}}}"
+        stuck = f"(({up} offset {b}) == 1 unless on (instance) (resets({up}[{b}]) > 0))"
+        # inside the count: ``pods_starting`` is ``count(...)``
+        return f"{self.pods_starting[:-1]} unless on (instance) {stuck})"
 
     @classmethod
-    def build(cls, namespace: str, inference_service: str, window: str = "2m") -> Queries:
+    def build(
+        cls, namespace: str, inference_service: str, window: str = "2m", crash_window: str = "10m"
+    ) -> Queries:
+        """``crash_window``: how far back a pod's target going down twice marks it crash-looping
+        (Kubernetes' restart back-off grows to 5 minutes: 10 minutes sees two crashes of a pod
+        that keeps crashing). Raises ValueError on a label value PromQL would misread or a window
+        that is not a PromQL duration."""
         s = selector(namespace, inference_service)
+        average_step(crash_window)  # validates it
         pods = f'{s},component!="gateway"'  # targets (``up``) of the pods only
         want = "|".join(m.GATEWAY_WANT_OF_POD_REASONS)
         in_pods = f"sum({m.CONCURRENCY_IN_USE}{{{s}}}) + (sum({m.QUEUE_DEPTH}{{{s}}}) or vector(0))"
@@ -137,6 +182,14 @@ class Queries:
             # pod's series first would count a stopped pod's requests, moved to the others, twice)
             requests_in_pods_avg=f"avg_over_time(({in_pods})[{window}:{average_step(window)}])",
             pods_ready=f'count({m.START_PHASE_SECONDS}{{{s},phase="ready"}})',
+            # one series per pod target (joined on ``instance``, the target's address: a container
+            # restarted in the same pod keeps it), so ``count`` is the pods, not their series
+            pods_starting=(
+                f"count((up{{{pods}}} == 1)"
+                f' unless on (instance) {m.START_PHASE_SECONDS}{{{s},phase="ready"}}'
+                f" unless on (instance) (resets(up{{{pods}}}[{crash_window}]) >= 2))"
+            ),
+            pods_selector=pods,
             # per pod, the phases it went through (a pod fetched nothing without a storage
             # initializer); only pods that reached ``ready`` have a whole start to report
             startup_seconds=(

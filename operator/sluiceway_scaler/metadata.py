@@ -29,6 +29,8 @@ rateWindow                     1m        PromQL range for ``rate()`` and the wai
 queryTimeout                   5s        timeout of each Prometheus query
 podMetricsUrls                 --        comma-separated pod ``/metrics`` URLs for StreamIsActive
 activationPollInterval         1s        how often StreamIsActive polls (pods or Prometheus)
+crashLoopWindow                10m       a pod whose target went down twice within it is crash-
+                                         looping, not starting (issue 20; PromQL duration)
 =============================  ========  ====================================================
 
 At least one of ``targetQueueDepthPerReplica`` and ``targetWaitP95`` is required.
@@ -62,6 +64,7 @@ KNOWN_KEYS = frozenset(
         "scaleDownMaxPods", "scaleDownMaxPercent", "scaleDownPeriodSeconds", "scaleDownReleaseWindowSeconds",
         "scaleUpMaxPods", "scaleUpMaxPercent", "rateWindow",
         "queryTimeout", "podMetricsUrls", "activationPollInterval", "targetUtilisationPercent",
+        "crashLoopWindow",
         # KEDA's own keys for its connection to this scaler: scalerAddress is KEDA's alone; the TLS
         # keys are checked against the connection the call arrived on (sluiceway_scaler.access).
         "scalerAddress", "enableTLS", "caCert", "tlsClientCert", "tlsClientKey", "tlsCertFile", "unsafeSsl",
@@ -82,6 +85,8 @@ class TriggerConfig:
     query_timeout: float
     pod_metrics_urls: tuple[str, ...]
     activation_poll_interval: float
+    #: ``crashLoopWindow``: how far back the activation looks for a pod's target going down twice
+    crash_window: str = "10m"
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -240,6 +245,9 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
     rate_window = _str(metadata, "rateWindow") or "1m"
     if not _PROM_RANGE.match(rate_window):
         raise InvalidMetadata("rateWindow", f"must be a PromQL duration like 30s or 1m, got {rate_window!r}")
+    crash_window = _str(metadata, "crashLoopWindow") or "10m"
+    if not _PROM_RANGE.match(crash_window):
+        raise InvalidMetadata("crashLoopWindow", f"must be a PromQL duration like 10m, got {crash_window!r}")
     timeout = _duration(metadata, "queryTimeout", 5.0, 0.1, 60)
     poll = _duration(metadata, "activationPollInterval", 1.0, 0.05, 60)
     assert timeout is not None and poll is not None
@@ -272,4 +280,5 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         query_timeout=timeout,
         pod_metrics_urls=urls,
         activation_poll_interval=poll,
+        crash_window=crash_window,
     )

@@ -12,7 +12,9 @@ A URL may also be a gateway's ``/metrics`` (issue 20): its held requests count a
 refusals for want of a pod (the hold queue's bounds and ``metric_names.GATEWAY_WANT_OF_POD_REASONS``) as
 requests enqueued, so the first request held or refused at zero activates within one poll. The
 trigger's Prometheus signals are consulted as well when no URL shows activity
-(:meth:`sluiceway_scaler.service.ExternalScalerService.activity`).
+(:meth:`sluiceway_scaler.service.ExternalScalerService.activity`), and when the only activity is a
+pod still loading (:meth:`PodActivity.only_starting`: Prometheus tells a crash loop or a load past
+its bound from a start, issue 20).
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ class PodActivity:
         if self.queue_depth > 0 or self.in_use > 0 or self.starting > 0:
             return True
         return previous is not None and self.enqueued > previous.enqueued
+
+    def only_starting(self, previous: PodActivity | None) -> bool:
+        """Active only because a pod has not been ready yet: nothing queued, running or enqueued
+        since ``previous``. A pod's own ``/metrics`` cannot tell a first load from a crash loop (each
+        restart loads again) or a load that never ends; the scaler asks Prometheus, which keeps the
+        pod's history (``Queries.starting_pods``)."""
+        return (
+            self.starting > 0
+            and self.queue_depth <= 0
+            and self.in_use <= 0
+            and not (previous is not None and self.enqueued > previous.enqueued)
+        )
 
 
 _MAX_BYTES = 8 << 20

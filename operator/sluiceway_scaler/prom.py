@@ -37,7 +37,7 @@ from typing import Any
 from sluiceway_core.policy import Signals
 from sluiceway_core.promauth import PromAuth
 from sluiceway_core.promclient import MAX_ANSWER_BYTES, PromError, PromGarbage, instant_query
-from sluiceway_core.signals import Queries
+from sluiceway_core.signals import Queries, starting_bound
 from sluiceway_core.urls import UrlAllowList
 
 from sluiceway_scaler.errors import SourceGarbage, SourceUnavailable
@@ -67,9 +67,12 @@ class Busy:
     #: requests running or queued in the pods now (``Queries.requests_in_pods``: the pods'
     #: ``sluiceway_concurrency_in_use`` plus ``sluiceway_queue_depth``); 0 when no pod reports
     in_pods: float
-    #: pods scraped and up that have never been ready: ``sum(up == 1)`` of the pods' targets less
-    #: the pods with a ``sluiceway_start_phase_seconds{phase="ready"}`` series (``Queries.pods_ready``;
-    #: a pod exports it once ready and keeps it while it drains, so a draining pod is not starting)
+    #: pods scraped and up that have never been ready (a pod exports its
+    #: ``sluiceway_start_phase_seconds{phase="ready"}`` once ready and keeps it while it drains, so a
+    #: draining pod is not starting), less the crash-looping ones (target down twice within the
+    #: crash window) and those loading longer than :func:`sluiceway_core.signals.starting_bound` of
+    #: the measured start-up (``Queries.starting_pods``; issue 20: a crash loop kept the service
+    #: active for ever)
     starting: int
 
 
@@ -196,12 +199,16 @@ class PrometheusSource:
         Prometheus cannot be read or answers a value that is not a finite count, which the caller
         treats as unknown (never a deactivation)."""
         in_pods = self.scalar(address, queries.requests_in_pods, timeout) if queries.requests_in_pods else None
-        up = self.scalar(address, queries.pods_up, timeout)
-        ready = self.scalar(address, queries.pods_ready, timeout) if queries.pods_ready else None
-        for name, x in (("requests in the pods", in_pods), ("pods up", up), ("pods ready once", ready)):
+        startup = self.scalar(address, queries.startup_seconds, timeout) if queries.startup_seconds else None
+        starting = (
+            self.scalar(address, queries.starting_pods(starting_bound(startup)), timeout)
+            if queries.pods_starting
+            else None
+        )
+        for name, x in (("requests in the pods", in_pods), ("pods starting", starting)):
             if x is not None and not (math.isfinite(x) and x >= 0):
                 raise SourceGarbage(f"Prometheus at {address}: {name} is {x}")
-        return Busy(in_pods=in_pods or 0.0, starting=max(0, int(up or 0) - int(ready or 0)))
+        return Busy(in_pods=in_pods or 0.0, starting=int(starting or 0))
 
     def read_stats(self, address: str, queries: Queries, timeout: float) -> ServiceStats:
         """For the planner. Raises :class:`SourceUnavailable` when Prometheus cannot be read."""

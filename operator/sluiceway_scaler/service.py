@@ -379,7 +379,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         with entry.fetch:
             if entry.busy is not None and self._clock() - entry.busy_at < self._ttl:
                 return entry.busy
-            queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window)
+            queries = Queries.build(cfg.namespace, cfg.inference_service, cfg.rate_window, cfg.crash_window)
             try:
                 busy = self._source.read_busy(cfg.prometheus_address, queries, cfg.query_timeout)
             except SourceUnavailable as e:
@@ -397,10 +397,20 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         ``cooldownPeriod``) while a request is held at the gateway, queued or running in a pod, or a
         pod is still starting: before answering ``False`` from Prometheus the scaler reads the
         requests in the pods and the pods not ready yet (:class:`~sluiceway_scaler.prom.Busy`; an
-        unreadable answer is unknown); the pod poll sees them in the pods' own ``/metrics``."""
+        unreadable answer is unknown); the pod poll sees them in the pods' own ``/metrics``. A pod
+        counts as starting only while it is not crash-looping and has not loaded longer than
+        :func:`sluiceway_core.signals.starting_bound` of the measured start-up
+        (``Queries.starting_pods``); a pod poll that shows only a pod loading asks Prometheus the
+        same (a crash-looping service goes to zero after ``scaleToZeroAfter``)."""
         if cfg.pod_metrics_urls:
             now = poll_pods(cfg.pod_metrics_urls, cfg.query_timeout, self._metrics)
             polled = None if now is None else now.active_since(previous)
+            if polled and now is not None and now.only_starting(previous):
+                # a pod loading is all there is: Prometheus knows whether it is crash-looping or
+                # loading past its bound (issue 20); unreadable keeps the pods' word
+                busy = self._busy(cfg, entry)
+                if busy is not None and busy.starting == 0 and busy.in_pods <= 0:
+                    polled = False
             if not polled:
                 # at zero the pods cannot be read: the gateway's hold queue through Prometheus
                 gateway, _ = self._signals(cfg, entry)

@@ -24,3 +24,10 @@ class _Echo:
 def echo_after_sleep() -> _Echo:
     time.sleep(float(os.environ.get("SLOWLOAD_SECONDS", "8")))
     return _Echo()
+
+
+def crash_after_sleep() -> _Echo:
+    """A model whose load fails after ``SLOWLOAD_SECONDS``: the pod's process exits, as a pod in a
+    crash loop does (its metrics port answered while it loaded)."""
+    time.sleep(float(os.environ.get("SLOWLOAD_SECONDS", "8")))
+    raise RuntimeError("slowload: the model failed to load (on purpose)")

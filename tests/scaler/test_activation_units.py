@@ -16,8 +16,13 @@ from scaler_support import FakeClock, ref, start_scaler
 from sluiceway_scaler.podpoll import poll_pods
 from sluiceway_scaler.service import SIGNAL_TTL
 
+#: the pods still starting (``Queries.starting_pods``: ``count((up{...} == 1) unless ...)``; the
+#: stand-in answers the first key found in a query, so this one comes first); what Prometheus makes
+#: of it is tested with real Prometheus (test_activation_starting.py, test_activation_crash_loop.py)
+#: and promtool (test_starting_query.py)
+STARTING = "count((up{"
 #: one pod up, idle and ready since its start (its ``ready`` start phase, which a loading pod lacks)
-IDLE_POD = {"sluiceway_queue_depth": 0.0, "up{": 1.0, "sluiceway_enqueued_total": 0.0,
+IDLE_POD = {STARTING: 0.0, "sluiceway_queue_depth": 0.0, "up{": 1.0, "sluiceway_enqueued_total": 0.0,
             "sluiceway_start_phase_seconds": 1.0}
 
 
@@ -172,14 +177,15 @@ def test_a_pod_still_loading_keeps_the_service_active_and_a_draining_one_does_no
     """One pod up (scraped: its metrics port answers while the model loads) without its ``ready``
     start phase: it is starting. A pod that was ready exports that phase and keeps it while it
     drains, so the pod going away at scale-down does not wake the service again."""
-    loading = {k: v for k, v in IDLE_POD.items() if k != "sluiceway_start_phase_seconds"}
+    loading = {k: v for k, v in IDLE_POD.items() if k != "sluiceway_start_phase_seconds"} | {STARTING: 1.0}
     prom = FakePrometheus(loading)
     try:
         with start_scaler(prometheus=(prom.url,)) as s:
             stream = s.stub.StreamIsActive(ref(**md(prom)), timeout=8)
             assert next(stream).result is True
-            assert any('sluiceway_start_phase_seconds{' in q and 'phase="ready"' in q for q in prom.queries)
-            prom.values["sluiceway_start_phase_seconds"] = 1.0  # ready (and later draining): not starting
+            assert any(q.startswith(STARTING) and 'phase="ready"' in q for q in prom.queries)
+            # ready (and later draining): not starting
+            prom.values |= {STARTING: 0.0, "sluiceway_start_phase_seconds": 1.0}
             assert next(stream).result is False
             stream.cancel()
     finally:
@@ -228,3 +234,34 @@ def test_the_pod_poll_sees_a_pod_still_loading_but_not_a_draining_or_a_gateway_o
     assert not poll_pods((url,), 2.0).active_since(loading)  # type: ignore[union-attr]
     text.body = _gateway(0, 0, 0, 0)  # a gateway exports no sluiceway_ready: never "starting"
     assert not poll_pods((url,), 2.0).active_since(loading)  # type: ignore[union-attr]
+
+
+def test_a_pod_poll_showing_only_a_loading_pod_asks_prometheus_about_a_crash_loop(
+    gateway_metrics: tuple[str, type[_Text]],
+) -> None:
+    """``podMetricsUrls``: a pod's own ``/metrics`` while it loads (``sluiceway_ready 0``, no
+    ``ready`` start phase) cannot tell a first load from a crash loop. Prometheus can
+    (``Queries.starting_pods``): starting -> active; crash-looping (not starting) -> not active.
+    Before the fix the pod poll alone answered, ``true`` for ever."""
+    url, text = gateway_metrics
+    text.body = (
+        b"# TYPE sluiceway_ready gauge\nsluiceway_ready 0\n"
+        b"# TYPE sluiceway_queue_depth gauge\nsluiceway_queue_depth 0\n"
+    )
+    loading = poll_pods((url,), 2.0)
+    assert loading is not None and loading.starting == 1 and loading.only_starting(None)
+    prom = FakePrometheus(IDLE_POD | {STARTING: 1.0})
+    clock = FakeClock()
+    try:
+        with start_scaler(prometheus=(prom.url,), pod_metrics=(url,), clock=clock) as s:
+            m = md(prom, podMetricsUrls=url)
+            assert s.stub.IsActive(ref(**m), timeout=5).result is True  # a first load
+            assert any(q.startswith(STARTING) for q in prom.queries)
+            prom.values[STARTING] = 0.0  # Prometheus: crash-looping (or loading past its bound)
+            clock.advance(SIGNAL_TTL)
+            assert s.stub.IsActive(ref(**m), timeout=5).result is False
+            prom.mode = "http500"  # Prometheus unreadable: the pods' word stands
+            clock.advance(SIGNAL_TTL)
+            assert s.stub.IsActive(ref(**m), timeout=5).result is True
+    finally:
+        prom.close()

@@ -14,7 +14,8 @@ from sluiceway_scaler.service import SIGNAL_TTL
 
 @pytest.fixture
 def proms() -> Iterator[tuple[FakePrometheus, FakePrometheus]]:
-    real = FakePrometheus({"sluiceway_queue_depth": 0, "up{": 2, "sluiceway_start_phase_seconds": 2})  # 2 ready
+    # 2 ready, none starting (``Queries.starting_pods`` first: the stand-in answers the first key found)
+    real = FakePrometheus({"count((up{": 0, "sluiceway_queue_depth": 0, "up{": 2, "sluiceway_start_phase_seconds": 2})
     fake = FakePrometheus({"sluiceway_queue_depth": 400, "up{": 2})
     try:
         yield real, fake

@@ -12,8 +12,9 @@ from scaler_support import FakeClock, ref, start_scaler
 
 
 def test_stream_pushes_changes_and_holds_through_faults() -> None:
-    # one pod up and ready since its start (its ready start phase), idle
-    prom = FakePrometheus({"sluiceway_queue_depth": 0, "up{": 1, "sluiceway_enqueued_total": 0,
+    # one pod up and ready since its start (its ready start phase), idle, none starting
+    # (``Queries.starting_pods`` first: the stand-in answers the first key found in a query)
+    prom = FakePrometheus({"count((up{": 0, "sluiceway_queue_depth": 0, "up{": 1, "sluiceway_enqueued_total": 0,
                            "sluiceway_start_phase_seconds": 1})
     md = {"inferenceService": "demo", "prometheusAddress": prom.url, "targetQueueDepthPerReplica": "4",
           "activationPollInterval": "100ms", "queryTimeout": "500ms"}
