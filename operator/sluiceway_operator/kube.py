@@ -144,7 +144,7 @@ class Kube:
                 config.load_kube_config()
             api_client = kubernetes.client.ApiClient()
         self.api: Any = api_client
-        self._crd_cache: dict[str, tuple[float, bool]] = {}
+        self._crd_cache: dict[str, tuple[float, frozenset[str] | None]] = {}
         self._crd_ttl = crd_cache_seconds
         self._lock = threading.Lock()
 
@@ -307,21 +307,33 @@ class Kube:
 
     def crd_exists(self, name: str) -> bool:
         """Whether a CRD is installed (cached for ``crd_cache_seconds``)."""
+        return self.crd_versions(name) is not None
+
+    def crd_serves(self, name: str, version: str) -> bool:
+        """Whether a CRD is installed and serves ``version`` (an older Gateway API serves no
+        ``v1``: an apply to it would be a 404 retried forever). Cached as :meth:`crd_exists`."""
+        return version in (self.crd_versions(name) or ())
+
+    def crd_versions(self, name: str) -> frozenset[str] | None:
+        """The versions a CRD serves, or None when it is not installed (cached for
+        ``crd_cache_seconds``)."""
         now = time.monotonic()
         with self._lock:
             hit = self._crd_cache.get(name)
             if hit is not None and now - hit[0] < self._crd_ttl:
                 return hit[1]
         try:
-            self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            found = True
+            crd = self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+            versions: frozenset[str] | None = frozenset(
+                str(v.get("name")) for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")
+            )
         except ApiError as err:
             if err.status != 404:
                 raise
-            found = False
+            versions = None
         with self._lock:
-            self._crd_cache[name] = (now, found)
-        return found
+            self._crd_cache[name] = (now, versions)
+        return versions
 
     # -- events ---------------------------------------------------------------------------------
 

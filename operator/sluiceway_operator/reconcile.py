@@ -278,9 +278,9 @@ class Reconciler:
         raw_spec = dict(body.get("spec") or {})
         generation = int(meta.get("generation") or 0)
         keda = self.kube.crd_exists(KEDA_CRD)
-        # cached (Kube.crd_exists): without the CRD the route is left out and the status says why,
-        # never an apply that fails and retries
-        route_crd = self.kube.crd_exists(HTTP_ROUTE_CRD)
+        # cached (Kube.crd_versions): without the CRD serving v1 the route is left out and the
+        # status says why, never an apply that fails and retries
+        route_crd = self.kube.crd_serves(HTTP_ROUTE_CRD, "v1")
 
         def outcome(
             spec: InferenceServiceSpec | None, error: tuple[str, str] | None, digest: str | None

@@ -109,7 +109,7 @@ class Observed:
     #: Parents of the spec's HTTPRoute (``gateway.httpRoute.parentRefs``); 0: none asked, and no
     #: ``HTTPRouteReady`` condition.
     route_parents: int = 0
-    #: Whether the Gateway API's HTTPRoute CRD is installed.
+    #: Whether the Gateway API's HTTPRoute CRD is installed and serves ``v1``.
     route_crd: bool = False
 
 
@@ -237,9 +237,9 @@ def _http_route(o: Observed) -> Cond:
             t,
             "False",
             "GatewayAPINotInstalled",
-            f"gateway.httpRoute.parentRefs is set but the Gateway API CRD {HTTP_ROUTE_CRD} is not installed: "
-            "install the Gateway API CRDs (standard channel) or remove gateway.httpRoute; the rest of the "
-            "service is applied",
+            f"gateway.httpRoute.parentRefs is set but the Gateway API CRD {HTTP_ROUTE_CRD} is not installed "
+            "or serves no v1: install the Gateway API CRDs (v1.0 or later, standard channel) or remove "
+            "gateway.httpRoute; the rest of the service is applied",
         )
     return Cond(
         t,

@@ -205,6 +205,31 @@ def test_crd_defaults_the_hold_to_the_gateways_and_the_stored_spec_renders_it(ad
 # ------------------------------------------------------------------------------------ the operator
 
 
+#: An HTTPRoute CRD as Gateway API before v1.0 had it: v1beta1 only (schema-less stand-in).
+OLD_ROUTE_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    # a *.k8s.io group needs this annotation (the real CRD carries it too)
+    "metadata": {
+        "name": ROUTE_CRD,
+        "annotations": {"api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api/pull/891"},
+    },
+    "spec": {
+        "group": "gateway.networking.k8s.io",
+        "scope": "Namespaced",
+        "names": {"kind": "HTTPRoute", "plural": "httproutes", "singular": "httproute", "listKind": "HTTPRouteList"},
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
 def _route(admin: Admin, name: str) -> dict[str, Any] | None:
     return admin.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/httproutes/{name}")  # type: ignore[no-any-return]
 
@@ -249,6 +274,20 @@ def test_http_route_applied_owned_pruned_and_a_missing_crd_is_a_condition(
     lookups = text.count(f"customresourcedefinitions/{ROUTE_CRD}")
     print(f"HTTPRoute CRD lookups by the operator in {ran:.0f} s without the CRD: {lookups}")
     assert 1 <= lookups <= 2 + int(ran // 30), lookups
+
+    # 1b. An HTTPRoute CRD that serves no v1 (Gateway API before v1.0): the same condition, no
+    # apply to a version that is not served (a 404 retried forever).
+    establish_crd(admin, OLD_ROUTE_CRD)
+    log_old = control_plane.workdir / "operator-route-old.log"
+    with run_operator(kubeconfig, log_old, NS, "--drift-interval", "2", "--signals-interval", "2"):
+        time.sleep(6)  # a fresh operator's first spec pass and two drift repairs
+        cond = _cond(admin.get(_path("routed")), "HTTPRouteReady")
+        assert cond is not None and (cond["status"], cond["reason"]) == ("False", "GatewayAPINotInstalled")
+        assert "serves no v1" in cond["message"]
+    text = log_old.read_text(errors="replace")
+    assert "/apis/gateway.networking.k8s.io/" not in text and "TemporaryError" not in text, text[-3000:]
+    admin.call("DELETE", f"{CRD_PATH}/{ROUTE_CRD}")
+    wait_for(lambda: admin.get(f"{CRD_PATH}/{ROUTE_CRD}") is None, 60, what="the v1beta1-only CRD deleted")
 
     # 2. The CRD installed (a fresh operator: its CRD cache is new): the route, applied and owned.
     establish_crd(admin, yaml.safe_load((crds / "gateway.networking.k8s.io_httproutes.yaml").read_text()))

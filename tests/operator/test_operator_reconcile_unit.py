@@ -28,6 +28,9 @@ class FakeKube:
     def crd_exists(self, name: str) -> bool:
         return False
 
+    def crd_serves(self, name: str, version: str) -> bool:
+        return False
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((kind, name))
 
