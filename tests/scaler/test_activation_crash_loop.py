@@ -1,9 +1,9 @@
 """A crash-looping pod does not keep the service active for ever (issue 20), with real parts: a real
-``sluiceway-pod`` process whose model fails to load after 2.5 s (its metrics port answers while it
-loads, then the process exits), restarted on the same ports after a short back-off as the kubelet
-restarts a container (the target's ``instance`` stays, as a pod's IP does), the Debian prometheus
-scraping it every second, and the scaler's real gRPC server with ``minReplicas: 0``. Nothing is
-queued, nothing arrives and no gateway holds anything.
+``sluiceway-pod`` process whose model fails to load after 8 s, then 2.5 s at each restart (its
+metrics port answers while it loads, then the process exits), restarted on the same ports after a
+short back-off as the kubelet restarts a container (the target's ``instance`` stays, as a pod's IP
+does), the Debian prometheus scraping it every second, and the scaler's real gRPC server with
+``minReplicas: 0``. Nothing is queued, nothing arrives and no gateway holds anything.
 
 Before the fix the scaler counted every pod up and never ready as starting
 (``sum(up == 1) - count(ready phase)``), so each restart of the loop answered ``true`` again and
@@ -33,6 +33,8 @@ from sluiceway_scaler.prom import PrometheusSource
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 LOAD_SECONDS = 2.5
+#: the first start loads longer, so the test reads it loading (starting) before it dies
+FIRST_LOAD_SECONDS = 8.0
 BACKOFF_SECONDS = 0.5
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,15 +59,16 @@ class Kubelet:
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "SLUICEWAY_SERVER__METRICS_PORT": str(self.metrics_port),
-            "SLOWLOAD_SECONDS": str(LOAD_SECONDS),
             "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT / "tests"),
                                            os.environ.get("PYTHONPATH", "")]),
         }
         cmd = [sys.executable, "-m", "sluiceway_pod.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--model", "slowload:crash_after_sleep", "--concurrency", "1"]
         while not self._stop.is_set():
+            load = FIRST_LOAD_SECONDS if self.starts == 0 else LOAD_SECONDS
             with (self.tmp / f"pod-{self.starts}.log").open("wb") as fh:
-                self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
+                self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT,
+                                             env={**env, "SLOWLOAD_SECONDS": str(load)}, cwd=self.tmp)
             self.starts += 1
             while self.proc.poll() is None and not self._stop.is_set():
                 time.sleep(0.05)
