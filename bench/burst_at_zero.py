@@ -77,18 +77,35 @@ NO_ANSWER = 0  # nothing within deadline + grace
 CONN_ERR = -1  # the connection failed or broke before an answer
 
 
+def _import_models(box: dict[str, Any]) -> None:
+    try:
+        import sluiceway_pod.models as models
+
+        box["models"] = models
+    except BaseException as err:  # handed to the start thread, which raises it
+        box["error"] = err
+
+
 def slow_model() -> Any:
     """The pod's model factory (``--model bench.burst_at_zero:slow_model``): sleeps
-    ``$SLUICEWAY_BENCH_LOAD_SECONDS`` (a slow load), then returns the pod's ``demo`` torch MLP as a
-    ready runner (16 inputs -> 4 outputs, CPU); with ``$SLUICEWAY_BENCH_LOAD_FAIL=1`` the load fails
-    after the sleep instead (the pod exits 3: a crash loop's start, for the gateway's fault tests).
-    Runs on the pod's start thread."""
+    ``$SLUICEWAY_BENCH_LOAD_SECONDS`` (a slow load: the weights' download), then returns the pod's
+    ``demo`` torch MLP as a ready runner (16 inputs -> 4 outputs, CPU); with
+    ``$SLUICEWAY_BENCH_LOAD_FAIL=1`` the load fails after the sleep instead (the pod exits 3: a crash
+    loop's start, for the gateway's fault tests). torch is imported in a thread during the sleep, as
+    a server imports its framework while the weights download: the load takes the sleep, not the
+    sleep plus an import whose time swings with the machine's load (imported after the sleep, the
+    sandbox's 20 s load took 21 to 34 s on a shared 2-core machine). Runs on the pod's start thread."""
+    box: dict[str, Any] = {}
+    importer = threading.Thread(target=_import_models, args=(box,), daemon=True, name="slow-model-import")
+    importer.start()
     time.sleep(float(os.environ.get(LOAD_ENV, "20")))
     if os.environ.get(FAIL_ENV) == "1":
         raise RuntimeError(f"the model's load failed (${FAIL_ENV}=1)")
-    from sluiceway_pod.models import DEMO_INPUTS, DEMO_OUTPUTS, TorchRunner, build_demo_module
-
-    return TorchRunner(build_demo_module(), list(DEMO_INPUTS), list(DEMO_OUTPUTS), "cpu")
+    importer.join()
+    if "error" in box:
+        raise box["error"]
+    m = box["models"]
+    return m.TorchRunner(m.build_demo_module(), list(m.DEMO_INPUTS), list(m.DEMO_OUTPUTS), "cpu")
 
 
 class BurstBenchError(ValueError):
