@@ -2,7 +2,7 @@
 # Fetch the Gateway API CRDs (standard channel: HTTPRoute, Gateway, GatewayClass, ReferenceGrant) from
 # the sigs.k8s.io/gateway-api Go module through the Go module proxy (`go mod download`; nothing else
 # is downloaded), into ${SLUICEWAY_CACHE:-~/.cache/sluiceway}/gateway-api-<version>/. The operator's
-# HTTPRoute tests (tests/operator/test_operator_httproute.py) install them in the real API server.
+# HTTPRoute tests (tests/operator/test_operator_hold_route.py) install them in the real API server.
 # v1.6.3: v1.7.0's module needs Go 1.27. Prints the directory.
 # Usage: tools/fetch-gateway-api.sh [--dir]   (--dir: print the directory; exit 1 if not fetched yet)
 set -euo pipefail

@@ -210,7 +210,7 @@ def _signals(
     window (``Queries.requests_in_pods_avg``) instead of the instant sum (``Queries.requests_in_pods``,
     the builtin engine's). ``in_pods_term=False``: the requests in the pods are not read at all (the
     KEDA scaler as it ships, ``sluiceway_scaler.prom.PrometheusSource.read_signals``; pinned by
-    ``tests/scalesim/test_reads.py``). ``scaler_reads``: the pods ready once and their measured
+    ``tests/scaler/test_scalesim_reads.py``). ``scaler_reads``: the pods ready once and their measured
     start-up are read, as the KEDA scaler does (``Queries.pods_ready``, ``Queries.startup_seconds``)."""
     q = prom.queue_depth(t)
     if q is None:
@@ -333,7 +333,7 @@ class OursKeda:
     count_held: bool = False
     #: the scaler reads the requests in the pods (``Signals.requests_in_pods``). False, as the scaler
     #: ships: ``sluiceway_scaler.prom`` does not read the term (the window average flapped the
-    #: sandbox e2e, docs/autoscaling.md); ``tests/scalesim/test_reads.py`` pins the two read sets
+    #: sandbox e2e, docs/autoscaling.md); ``tests/scaler/test_scalesim_reads.py`` pins the two read sets
     in_pods_term: bool = False
     #: with ``in_pods_term``: the window average (``Queries.requests_in_pods_avg``) with the instant
     #: sample beyond its noise; False: the instant sum alone
