@@ -16,22 +16,6 @@ Two tenants with keys: ``first`` and ``flood``.
   Service's ClusterIP (kube-proxy). Every one is answered 200 once the pod is ready (none lost, none
   502), and the Deployment never went back to 0 while any was unanswered. Printed: KEDA's 0 -> 1
   (the Deployment's ``spec.replicas``, polled every 0.25 s), the pod's readiness, the first 200.
-* ``test_the_service_returns_to_zero_after_scale_to_zero_after``: after the last answer, the Deployment
-  goes to 0 replicas, the pod object goes and its process ends, with nothing held or in flight at the
-  gateway; the times from the last answer are printed.
-* ``test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_ready_time``: the
-  second cold start, once the first one's ``status.startup`` is rendered (rounded up) into the
-  gateway's ``hold.startupSeconds`` and reloaded. The CRD exposes no ``hold`` field (``maxRequests``
-  stays the gateway's default 1024, ``tenantShare`` 0.5), so the bound the spec reaches is a
-  tenant's share: 512 requests. 512 of ``flood`` arrive at once (all answered 200, as above); once the
-  gateway holds them, 100 more of ``flood`` (one after another, on fresh keep-alive connections) are
-  each refused 429 ``hold_tenant_full`` at once, at least 95 of them in under 50 ms and every one in
-  under 250 ms as the client times them (write to answer), with a ``Retry-After`` of at most that
-  ``hold.startupSeconds``; its error against the time from the refusal to the pod's readiness (its
-  endpoint ready in the EndpointSlice, polled every 0.25 s) is printed.
-  The issue's 20 % is not met and not asserted: the prediction at zero leaves out KEDA's activation,
-  the pod's creation and the probes' period (the operator's ``status.startup`` counts from
-  ``PodScheduled`` to the pod's own ready phase); measured -9 % to -35 % (docs/gateway.md).
 * ``test_a_pod_that_fails_to_start_gets_held_requests_refused_with_a_reason``: InferenceService
   ``crashy``: the same, with ``sluiceway_sandbox.testmodels:crash_at_load`` (the pod loads for 4 s,
   answering 503, then its process exits with the load's error; the agent restarts it with back-off)
@@ -43,6 +27,23 @@ Two tenants with keys: ``first`` and ``flood``.
   ``CrashLoopBackOff``, naming the pod and its exit code.
 * ``test_the_condition_carries_the_model_load_error``: the condition's message carries the load's
   error, which the pod writes to its termination message (``--termination-log``).
+* ``test_the_service_returns_to_zero_after_scale_to_zero_after``: after the burst's last answer, the
+  Deployment goes to 0 replicas, the pod object goes and its process ends, with nothing held or in
+  flight at the gateway; the times from the last answer are printed. Watched from the burst's end
+  in a thread (:class:`ZeroWatch`) while the three failing-start tests run (the return to zero is the
+  module's longest wait: ``scaleToZeroAfter`` plus the scaler's rate window); ``crashy`` is deleted
+  first, so that nothing loads during the next burst.
+* ``test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_ready_time``: the
+  second cold start. The gateway measured the first one itself (from the first request it held with
+  no pod at all to the pod routable) and predicts the next one from it; the pods' ``status.startup``
+  also reaches the gateway's ``hold.startupSeconds`` (rounded up, reloaded in place). The CRD
+  exposes no ``hold`` field (``maxRequests`` stays the gateway's default 1024, ``tenantShare`` 0.5),
+  so the bound the spec reaches is a tenant's share: 512 requests. 512 of ``flood`` arrive at once
+  (all answered 200, as above); once the gateway holds them, 100 more of ``flood`` (one after
+  another, on fresh keep-alive connections) are each refused 429 ``hold_tenant_full`` at once, at
+  least 95 of them in under 50 ms and every one in under 250 ms as the client times them (write to
+  answer), each with a ``Retry-After`` within 20 % of the time from its refusal to the pod's
+  readiness (its endpoint ready in the EndpointSlice, polled every 0.25 s): the issue's promise.
 
 Needs root, the sandbox's Go binaries (KEDA and Prometheus included) and torch. Every wait has a
 deadline and fails with the last state seen; each test at most 240 s (pytest-timeout).
@@ -483,6 +484,39 @@ def check_burst(kube: Kube, name: str, b: Burst) -> None:
     assert all(s.spec >= 1 for s in during), [(round(s.t - b.t0, 2), s.spec) for s in during]
 
 
+class ZeroWatch:
+    """After the burst's last answer, in a daemon thread (every 0.25 s, API errors skipped): when the
+    Deployment's ``spec.replicas`` reaches 0 (and what the gateway held and had in flight then), when
+    the pod object is gone, when its processes ended. Started at the end of the burst test, so that
+    the failing-start tests run while the service goes back to zero (the wait is the longest of the
+    module); :meth:`result` waits for it."""
+
+    def __init__(self, kube: Kube, gw_ip: str, pids: set[int], deadline: float) -> None:
+        self.kube, self.gw_ip, self.pids, self.deadline = kube, gw_ip, pids, deadline
+        self.times: dict[str, float] = {}
+        self.idle: dict[str, float] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True, name="s2z-zero-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while len(self.times) < 3 and time.monotonic() < self.deadline:
+            now = time.monotonic()
+            with contextlib.suppress(Exception):
+                spec, status = replicas(self.kube, COLD)
+                if "spec 0" not in self.times and spec == 0:
+                    self.times["spec 0"] = now
+                    self.idle = gateway_metrics(self.gw_ip)  # what the gateway held and had in flight then
+                if "pod gone" not in self.times and status == 0 and not pods(self.kube, NS, pod_selector(COLD)):
+                    self.times["pod gone"] = now
+            if "process gone" not in self.times and self.pids and not any(pod_process_alive(p) for p in self.pids):
+                self.times["process gone"] = now
+            time.sleep(0.25)
+
+    def result(self) -> tuple[dict[str, float], dict[str, float]]:
+        self._thread.join(timeout=max(0.0, self.deadline - time.monotonic()) + 5)
+        return dict(self.times), dict(self.idle)
+
+
 def test_a_burst_at_zero_is_held_and_answered_once_the_pod_is_ready(sandbox: Layout) -> None:
     kube = Kube.as_identity(sandbox, "admin")
     gw = bring_up(kube, COLD, "bench.burst_at_zero:slow_model", ESTIMATE, {"PYTHONPATH": str(ROOT)})
@@ -492,92 +526,9 @@ def test_a_burst_at_zero_is_held_and_answered_once_the_pod_is_ready(sandbox: Lay
           f"{hold_startup_seconds(kube, COLD)}")
     b = burst(kube, gw, COLD, [("first", FIRST)], 0)
     RUN["t_last"], RUN["pids"] = b.t_last, b.pids
+    RUN["zero"] = ZeroWatch(kube, gw.ip, b.pids, b.t_last + SCALE_TO_ZERO_AFTER + 150)
     check_burst(kube, COLD, b)
     assert len(b.answers) == FIRST
-
-
-def test_the_service_returns_to_zero_after_scale_to_zero_after(sandbox: Layout) -> None:
-    kube = Kube.as_identity(sandbox, "admin")
-    t_last = RUN.get("t_last")
-    if t_last is None:
-        pytest.skip("the burst test did not run to its last answer")
-    pids: set[int] = RUN["pids"]
-    (gw_pod,) = [p for p in pods(kube, NS, gateway_selector(COLD)) if is_ready(p)]
-    gw_ip = gw_pod["status"]["podIP"]
-    times: dict[str, float] = {}
-    idle: dict[str, float] = {}
-    deadline = time.monotonic() + SCALE_TO_ZERO_AFTER + 120
-    while len(times) < 3:
-        assert time.monotonic() < deadline, f"not back to zero: {times}\n{state(kube, COLD)}"
-        now = time.monotonic()
-        with contextlib.suppress(Exception):
-            spec, status = replicas(kube, COLD)
-            if "spec 0" not in times and spec == 0:
-                times["spec 0"] = now
-                idle = gateway_metrics(gw_ip)  # what the gateway held and had in flight then
-            if "pod gone" not in times and status == 0 and not pods(kube, NS, pod_selector(COLD)):
-                times["pod gone"] = now
-        if "process gone" not in times and pids and not any(pod_process_alive(p) for p in pids):
-            times["process gone"] = now
-        time.sleep(0.25)
-    print(f"\nback to zero (scaleToZeroAfter {SCALE_TO_ZERO_AFTER}s): after the last answer, Deployment "
-          f"spec.replicas 0 in {times['spec 0'] - t_last:.1f} s, "
-          f"pod object gone in {times['pod gone'] - t_last:.1f} s, "
-          f"pod process {sorted(pids)} gone in {times['process gone'] - t_last:.1f} s; the gateway then held "
-          f"{idle.get('sluiceway_gateway_held_requests')} and had {idle.get('sluiceway_gateway_in_flight')} in flight")
-    assert pids, "the burst test saw no pod process"
-    assert idle.get("sluiceway_gateway_held_requests") == 0 and idle.get("sluiceway_gateway_in_flight") == 0, idle
-    assert times["spec 0"] - t_last >= SCALE_TO_ZERO_AFTER, times
-    assert replicas(kube, COLD) == (0, 0), state(kube, COLD)
-
-
-def reloads_applied(ip: str) -> float:
-    with urllib.request.urlopen(f"http://{ip}:9091/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith('sluiceway_gateway_config_reload_total{result="applied"}'))
-
-
-def test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_ready_time(sandbox: Layout) -> None:
-    """The second cold start, with the start-up the first one measured: ``status.startup`` rendered
-    into the gateway's ``hold.startupSeconds`` (rounded up) and reloaded by the running gateway."""
-    kube = Kube.as_identity(sandbox, "admin")
-    gw: Gateway | None = RUN.get("gateway")
-    if gw is None or replicas(kube, COLD) != (0, 0):
-        pytest.skip("needs the service of the burst test back at zero")
-    isvc = f"{API}/namespaces/{NS}/inferenceservices/{COLD}"
-    total = wait_for(lambda: ((kube.get(isvc).get("status") or {}).get("startup") or {}).get("totalSeconds"), 30,
-                     "status.startup measured", lambda: state(kube, COLD))
-    startup = (kube.get(isvc).get("status") or {}).get("startup")
-    want = float(math.ceil(total))
-    wait_for(lambda: hold_startup_seconds(kube, COLD) == want, 3 * DRIFT_SECONDS + 10,
-             f"hold.startupSeconds {want:g} in the gateway's ConfigMap", lambda: str(hold_startup_seconds(kube, COLD)))
-    if want != float(ESTIMATE.removesuffix("s")):
-        wait_for(lambda: reloads_applied(gw.ip) >= 1, 30, "the gateway reloading hold.startupSeconds")
-    print(f"\nstatus.startup measured by the first cold start: {json.dumps(startup)}; the gateway's "
-          f"hold.startupSeconds {want:g} (reloads applied: {reloads_applied(gw.ip):g})")
-    b = burst(kube, gw, COLD, [("flood", FLOOD)], OVER)
-    check_burst(kube, COLD, b)
-    lat = sorted(a.done - a.sent for a in b.over)
-    assert b.t_ready is not None
-    t_ready = b.t_ready
-    errors = [(float(a.headers["retry-after"]) - (t_ready - a.done)) / (t_ready - a.done)
-              for a in b.over if "retry-after" in a.headers]
-    print(f"beyond the hold bound ({OVER} more of flood once it held its share, {TENANT_SHARE} x {HOLD_MAX} = "
-          f"{int(TENANT_SHARE * HOLD_MAX)}): {b.codes(b.over)}, answered in {lat[0] * 1000:.1f} .. "
-          f"{lat[-1] * 1000:.1f} ms (median {lat[len(lat) // 2] * 1000:.1f} ms); Retry-After "
-          f"{sorted({a.headers.get('retry-after') for a in b.over}, key=str)} s; the pod ready "
-          f"{t_ready - max(a.done for a in b.over):.1f} .. {t_ready - min(a.done for a in b.over):.1f} s after them: "
-          f"relative error {min(errors, default=float('nan')):+.1%} .. {max(errors, default=float('nan')):+.1%}")
-    assert len(b.answers) == FLOOD
-    assert all(a.status == 429 and a.reason == "hold_tenant_full" for a in b.over), b.codes(b.over)
-    # the client's time from its write to the answer, on a 2-core machine shared with other jobs: a
-    # scheduling stall of the client or the gateway lands on whichever request is in flight (a run with
-    # 10 in flight at a time saw 5 of 100 at 73.7 ms); a held request would take the ~30 s start-up
-    fast = sum(1 for x in lat if x < REFUSE_FAST)
-    assert fast >= FAST_SHARE * OVER and lat[-1] < REFUSE_SLOWEST, (fast, lat[-10:])
-    # the gateway's Retry-After is its prediction from the measured start-up it reloaded (rounded up)
-    assert all(0 < float(a.headers["retry-after"]) <= want for a in b.over), b.codes(b.over)
 
 
 def test_a_pod_that_fails_to_start_gets_held_requests_refused_with_a_reason(sandbox: Layout) -> None:
@@ -658,3 +609,82 @@ def test_the_condition_carries_the_model_load_error(sandbox: Layout) -> None:
     finally:
         print("\nconditions: " + json.dumps([(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
                                               for c in crashy_conditions(kube)]))
+
+
+def test_the_service_returns_to_zero_after_scale_to_zero_after(sandbox: Layout) -> None:
+    kube = Kube.as_identity(sandbox, "admin")
+    t_last = RUN.get("t_last")
+    if t_last is None:
+        pytest.skip("the burst test did not run to its last answer")
+    pids: set[int] = RUN["pids"]
+    # the failing-start tests ran meanwhile: their service goes, so that it loads nothing during the next burst
+    with contextlib.suppress(Exception):
+        kube.delete(f"{API}/namespaces/{NS}/inferenceservices/{CRASHY}")
+    times, idle = RUN["zero"].result()
+    assert len(times) == 3, f"not back to zero: {times}\n{state(kube, COLD)}"
+    print(f"\nback to zero (scaleToZeroAfter {SCALE_TO_ZERO_AFTER}s): after the last answer, Deployment "
+          f"spec.replicas 0 in {times['spec 0'] - t_last:.1f} s, "
+          f"pod object gone in {times['pod gone'] - t_last:.1f} s, "
+          f"pod process {sorted(pids)} gone in {times['process gone'] - t_last:.1f} s; the gateway then held "
+          f"{idle.get('sluiceway_gateway_held_requests')} and had {idle.get('sluiceway_gateway_in_flight')} in flight")
+    assert pids, "the burst test saw no pod process"
+    assert idle.get("sluiceway_gateway_held_requests") == 0 and idle.get("sluiceway_gateway_in_flight") == 0, idle
+    assert times["spec 0"] - t_last >= SCALE_TO_ZERO_AFTER, times
+    assert replicas(kube, COLD) == (0, 0), state(kube, COLD)
+
+
+def reloads_applied(ip: str) -> float:
+    with urllib.request.urlopen(f"http://{ip}:9091/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith('sluiceway_gateway_config_reload_total{result="applied"}'))
+
+
+def test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_ready_time(sandbox: Layout) -> None:
+    """The second cold start, predicted from the first: the gateway measured it (its first request
+    held with no pod to the pod routable) and predicts the next one from it; the pods' own
+    ``status.startup`` also reaches the gateway (``hold.startupSeconds``, rounded up, reloaded)."""
+    kube = Kube.as_identity(sandbox, "admin")
+    gw: Gateway | None = RUN.get("gateway")
+    if gw is None or replicas(kube, COLD) != (0, 0):
+        pytest.skip("needs the service of the burst test back at zero")
+    isvc = f"{API}/namespaces/{NS}/inferenceservices/{COLD}"
+    total = wait_for(lambda: ((kube.get(isvc).get("status") or {}).get("startup") or {}).get("totalSeconds"), 30,
+                     "status.startup measured", lambda: state(kube, COLD))
+    startup = (kube.get(isvc).get("status") or {}).get("startup")
+    want = float(math.ceil(total))
+    wait_for(lambda: hold_startup_seconds(kube, COLD) == want, 3 * DRIFT_SECONDS + 10,
+             f"hold.startupSeconds {want:g} in the gateway's ConfigMap", lambda: str(hold_startup_seconds(kube, COLD)))
+    if want != float(ESTIMATE.removesuffix("s")):
+        wait_for(lambda: reloads_applied(gw.ip) >= 1, 30, "the gateway reloading hold.startupSeconds")
+    print(f"\nstatus.startup measured by the first cold start: {json.dumps(startup)}; the gateway's "
+          f"hold.startupSeconds {want:g} (reloads applied: {reloads_applied(gw.ip):g})")
+    cold = gateway_metrics(gw.ip)
+    b = burst(kube, gw, COLD, [("flood", FLOOD)], OVER)
+    check_burst(kube, COLD, b)
+    after = gateway_metrics(gw.ip)
+    print(f"the gateway's cold starts: the first measured "
+          f"{cold.get('sluiceway_gateway_cold_start_actual_seconds', float('nan')):.2f} s (predicted "
+          f"{cold.get('sluiceway_gateway_cold_start_predicted_seconds', float('nan')):.2f} s); this one predicted "
+          f"{after.get('sluiceway_gateway_cold_start_predicted_seconds', float('nan')):.2f} s, measured "
+          f"{after.get('sluiceway_gateway_cold_start_actual_seconds', float('nan')):.2f} s")
+    lat = sorted(a.done - a.sent for a in b.over)
+    assert b.t_ready is not None
+    t_ready = b.t_ready
+    errors = [(float(a.headers["retry-after"]) - (t_ready - a.done)) / (t_ready - a.done)
+              for a in b.over if "retry-after" in a.headers]
+    print(f"beyond the hold bound ({OVER} more of flood once it held its share, {TENANT_SHARE} x {HOLD_MAX} = "
+          f"{int(TENANT_SHARE * HOLD_MAX)}): {b.codes(b.over)}, answered in {lat[0] * 1000:.1f} .. "
+          f"{lat[-1] * 1000:.1f} ms (median {lat[len(lat) // 2] * 1000:.1f} ms); Retry-After "
+          f"{sorted({a.headers.get('retry-after') for a in b.over}, key=str)} s; the pod ready "
+          f"{t_ready - max(a.done for a in b.over):.1f} .. {t_ready - min(a.done for a in b.over):.1f} s after them: "
+          f"relative error {min(errors, default=float('nan')):+.1%} .. {max(errors, default=float('nan')):+.1%}")
+    assert len(b.answers) == FLOOD
+    assert all(a.status == 429 and a.reason == "hold_tenant_full" for a in b.over), b.codes(b.over)
+    # the client's time from its write to the answer, on a 2-core machine shared with other jobs: a
+    # scheduling stall of the client or the gateway lands on whichever request is in flight (a run with
+    # 10 in flight at a time saw 5 of 100 at 73.7 ms); a held request would take the ~30 s start-up
+    fast = sum(1 for x in lat if x < REFUSE_FAST)
+    assert fast >= FAST_SHARE * OVER and lat[-1] < REFUSE_SLOWEST, (fast, lat[-10:])
+    # the issue's promise: Retry-After within 20 % of the actual ready time (the pod's endpoint ready)
+    assert len(errors) == OVER and all(abs(e) <= 0.20 for e in errors), sorted(errors)
