@@ -90,6 +90,7 @@ __all__ = [
     "build_report",
     "desired_dips",
     "edge_from_metrics",
+    "edge_lost",
     "main",
     "parse_exposition",
     "render_table",
@@ -241,6 +242,9 @@ class DemoReport:
     share_window: tuple[float, float] | None = None
     edge: EdgeReading | None = None  # the gateway's counters at the end (``gateway`` mode)
     peak_held: float | None = None  # most requests the gateway held at once (1 s samples)
+    #: seconds since the ramp began of each span in which the gateway's metrics port stopped
+    #: answering after it had answered ((first, last) unanswered sample): the gateway down or hung
+    edge_lost: tuple[tuple[float, float], ...] = ()
 
     def lines(self) -> list[str]:
         def sec(x: float | None) -> str:
@@ -280,7 +284,10 @@ class DemoReport:
         e = self.edge
         held = "-" if self.peak_held is None else f"{self.peak_held:.0f}"
         outcomes = " ".join(f"{k}:{v:.0f}" for k, v in sorted(e.hold_outcomes.items()) if v) or "-"
-        return [f"edge (gateway): held at most {held} at once; held requests by outcome: {outcomes}",
+        lost = "; ".join(f"t={a:.0f}..{b:.0f} s" for a, b in self.edge_lost)
+        return [*([f"edge (gateway): its metrics port did not answer at {lost} (the gateway down or hung)"]
+                  if lost else []),
+                f"edge (gateway): held at most {held} at once; held requests by outcome: {outcomes}",
                 f"edge (gateway): refused at the edge by reason: {_refusals(e)}; connections closed at the "
                 f"header deadline (idle keep-alive or slow headers, no request answered): "
                 f"{e.refused.get(IDLE_CLOSE, 0.0):.0f}"]
@@ -418,8 +425,29 @@ def build_report(samples: Sequence[Sample], outcomes: Sequence[Outcome], ramp: R
         replicas_after_off=samples[-1].ready if samples else None, samples=list(samples),
         over_dips=desired_dips(samples, "over"), edge=next((x.edge for x in reversed(samples) if x.edge), None),
         peak_held=max((x.edge.held for x in samples if x.edge), default=None),
+        edge_lost=edge_lost(samples),
         **_share_window(samples, ramp),
     )
+
+
+def edge_lost(samples: Sequence[Sample]) -> tuple[tuple[float, float], ...]:
+    """Spans (first, last sample's t) in which the gateway gave no reading after it had given one."""
+    spans: list[tuple[float, float]] = []
+    seen = False
+    start: float | None = None
+    last = 0.0
+    for x in samples:
+        if x.edge is not None:
+            if start is not None:
+                spans.append((start, last))
+                start = None
+            seen = True
+        elif seen:
+            start = x.t if start is None else start
+            last = x.t
+    if start is not None:
+        spans.append((start, last))
+    return tuple(spans)
 
 
 def _share_window(samples: Sequence[Sample], ramp: Ramp) -> dict[str, Any]:

@@ -261,6 +261,13 @@ def test_report_states_dips_shares_and_the_edge() -> None:
     assert "held at most 9 at once; held requests by outcome: handed_off:5" in text
     assert "refused at the edge by reason: rate_limited:3; connections closed at the header deadline" in text
     assert "no request answered): 24" in text and "hold_timeout" not in text
+    assert r.edge_lost == () and "did not answer" not in text
+    # the gateway's metrics port stops answering at t=50..52 and from t=68: said, with the spans
+    gone = [dataclasses.replace(x, edge=None) if 50 <= x.t <= 52 or x.t >= 68 else x for x in samples]
+    lost = build_report(gone, [], ramp)
+    assert lost.edge_lost == ((50, 52), (68, 70))
+    assert "its metrics port did not answer at t=50..52 s; t=68..70 s (the gateway down or hung)" in "\n".join(
+        lost.lines())
     # without a gateway and with one pod: no edge lines, shares "-"
     plain = build_report([_sample(t, 1) for t in range(1, 71)], [], ramp)
     assert plain.edge is None and "served per pod in the 3x phase: -" in "\n".join(plain.lines())
