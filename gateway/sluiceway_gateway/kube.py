@@ -3,7 +3,8 @@
 Plain HTTP(S) with aiohttp; every call has a deadline and every answer a size cap: a list answer at
 most :data:`MAX_LIST_BYTES`, one watch event line at most :data:`MAX_EVENT_BYTES` (a longer one drops
 the watch and relists). A watch ends after ``timeoutSeconds`` (the server closes it) and resumes from
-the last ``resourceVersion``; ``410 Gone`` or any error relists after a backoff (0.5 s doubling to
+the last ``resourceVersion`` (the end of the stream is a line without its newline: aiohttp's
+``readuntil`` does not raise there); ``410 Gone`` or any error relists after a backoff (0.5 s doubling to
 10 s). The current endpoint set is reported after the list and after every event.
 
 :func:`endpoints_from_slices` is the pure part: an endpoint is ready when its ``conditions.ready`` is
@@ -153,6 +154,12 @@ class EndpointSliceWatch:
                     return rv  # the server ended the watch: resume
                 except ValueError:
                     raise _Relist("watch event over the size cap") from None
+                if not line.endswith(b"\n"):
+                    # aiohttp's readuntil returns what is left (b"" or a cut line) at the end of the
+                    # stream instead of raising, and returns it again at once on every call: the
+                    # server ended the watch, resume from the last whole event (looping here would
+                    # spin without awaiting and block the whole event loop)
+                    return rv
                 if len(line) > MAX_EVENT_BYTES:
                     raise _Relist("watch event over the size cap")
                 if not line.strip():

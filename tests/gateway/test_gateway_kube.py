@@ -5,6 +5,7 @@ real pod through it and routes to it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 import sys
 import time
@@ -117,3 +118,57 @@ def test_gateway_discovers_a_real_pod(api: dict[str, Any], pod_factory: Any, gat
         time.sleep(0.05)
     r = httpx.post(gw.infer_url(), json=body, timeout=10)
     assert r.status_code == 503 and r.json()["reason"] == "no_ready_pods"
+
+
+#: Runs the watch in its own process with the server ending each watch after 1 s (``WATCH_SECONDS``,
+#: 240 in production), beside a heartbeat task on the same event loop; prints ``tick`` and each
+#: endpoint set. A watch loop that spins without awaiting blocks the heartbeat and every other task
+#: (in a gateway: the data path and the metrics port).
+_WATCH_SCRIPT = """
+import asyncio, sys, time
+from sluiceway_gateway import kube
+from sluiceway_gateway.config import KubeWatchConfig
+kube.WATCH_SECONDS = 1
+cfg = KubeWatchConfig(namespace=sys.argv[1], service=sys.argv[2], port_name="http", api_server=sys.argv[3],
+                      token_file=sys.argv[4], insecure_skip_tls_verify=True)
+async def beat():
+    while True:
+        print("tick", round(time.monotonic(), 2), flush=True)
+        await asyncio.sleep(0.2)
+async def main():
+    asyncio.get_running_loop().create_task(beat())
+    await kube.EndpointSliceWatch(cfg).run(lambda eps: print("eps", len(eps), flush=True))
+asyncio.run(main())
+"""
+
+
+def test_a_watch_the_server_ends_resumes_without_blocking_the_event_loop(api: dict[str, Any], tmp_path: Path) -> None:
+    """The API server ends every watch after ``timeoutSeconds``; the watch resumes and the event loop
+    keeps running. Before the fix aiohttp's ``readuntil`` returned ``b""`` at the end of the stream
+    and the loop spun on it without awaiting: a sandbox gateway stopped answering (data path and
+    metrics port) 240 s after it started, until its liveness probe killed it."""
+    import subprocess
+    import threading
+
+    out = tmp_path / "watch.out"
+    with out.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", _WATCH_SCRIPT, NS, "svc-w", api["server"], api["token"]],
+                                stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3.5)  # the server has ended two or three watches by now (after the import)
+        r = api["client"].post(SLICES, json=slice_body("w1", "svc-w", "pod-w.example", 8080, True))
+        assert r.status_code == 201, r.text
+        end = time.monotonic() + 15
+        while "eps 1" not in out.read_text():
+            assert proc.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() < end, f"the new slice never reached the watch:\n{out.read_text()[-3000:]}"
+            time.sleep(0.1)
+        time.sleep(1.0)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        threading.Thread(target=api["client"].delete, args=(f"{SLICES}/w1",), daemon=True).start()
+    ticks = [float(line.split()[1]) for line in out.read_text().splitlines() if line.startswith("tick ")]
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    print(f"\n{len(ticks)} heartbeats over {ticks[-1] - ticks[0]:.1f} s, longest gap {max(gaps):.2f} s")
+    assert ticks[-1] - ticks[0] > 3.0 and max(gaps) < 2.0, f"the event loop stalled: gaps {gaps}"
