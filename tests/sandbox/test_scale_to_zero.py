@@ -82,6 +82,7 @@ LOAD_SECONDS = 20.0  # bench.burst_at_zero.slow_model's default load
 #: with 25s printed the pod ready 32.8 s after the burst
 ESTIMATE = "30s"
 FIRST, FLOOD, OVER = 200, 512, 100  # the burst, the flood tenant's share of the hold, beyond it
+SECOND = 20  # the second cold start's burst (the hold-bound test predicts the third from two measured)
 HOLD_MAX, TENANT_SHARE = 1024, 0.5  # the gateway's defaults (the CRD has no hold field)
 REFUSE_FAST = 0.050  # seconds: a refusal beyond the bound
 FAST_SHARE = 0.95  # of the refusals within REFUSE_FAST, as the client times them
@@ -641,9 +642,11 @@ def reloads_applied(ip: str) -> float:
 
 
 def test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_ready_time(sandbox: Layout) -> None:
-    """The second cold start, predicted from the first: the gateway measured it (its first request
-    held with no pod to the pod routable) and predicts the next one from it; the pods' own
-    ``status.startup`` also reaches the gateway (``hold.startupSeconds``, rounded up, reloaded)."""
+    """The third cold start, predicted from the two before: the gateway measured them (its first
+    request held with no pod to the pod routable) and predicts the next one from their median; the
+    pods' own ``status.startup`` also reaches the gateway (``hold.startupSeconds``, rounded up,
+    reloaded). Two measured cold starts, not one: the first cold start of a fresh service can run
+    long (a CI run measured 33.02 s, then 27.05 s for the next, +23 % from one sample)."""
     kube = Kube.as_identity(sandbox, "admin")
     gw: Gateway | None = RUN.get("gateway")
     if gw is None or replicas(kube, COLD) != (0, 0):
@@ -659,11 +662,16 @@ def test_beyond_the_hold_bound_requests_are_refused_at_once_with_the_predicted_r
         wait_for(lambda: reloads_applied(gw.ip) >= 1, 30, "the gateway reloading hold.startupSeconds")
     print(f"\nstatus.startup measured by the first cold start: {json.dumps(startup)}; the gateway's "
           f"hold.startupSeconds {want:g} (reloads applied: {reloads_applied(gw.ip):g})")
+    # the second cold start: a small burst, then back to zero
+    second = burst(kube, gw, COLD, [("first", SECOND)], 0)
+    check_burst(kube, COLD, second)
+    wait_for(lambda: replicas(kube, COLD) == (0, 0) and not pods(kube, NS, pod_selector(COLD)),
+             SCALE_TO_ZERO_AFTER + 150, f"Deployment {COLD} back at 0 replicas with no pod", lambda: state(kube, COLD))
     cold = gateway_metrics(gw.ip)
     b = burst(kube, gw, COLD, [("flood", FLOOD)], OVER)
     check_burst(kube, COLD, b)
     after = gateway_metrics(gw.ip)
-    print(f"the gateway's cold starts: the first measured "
+    print(f"the gateway's cold starts: the one before measured "
           f"{cold.get('sluiceway_gateway_cold_start_actual_seconds', float('nan')):.2f} s (predicted "
           f"{cold.get('sluiceway_gateway_cold_start_predicted_seconds', float('nan')):.2f} s); this one predicted "
           f"{after.get('sluiceway_gateway_cold_start_predicted_seconds', float('nan')):.2f} s, measured "
