@@ -162,3 +162,12 @@ class Load:
 
     def join(self) -> None:
         self.thread.join(self.seconds + 60)
+
+
+def wait_for(pred: Callable[[], bool], seconds: float, what: str) -> float:
+    """Poll ``pred`` every 0.2 s until true; fail naming ``what`` after ``seconds``. Returns the wait."""
+    start = time.monotonic()
+    while not pred():
+        assert time.monotonic() - start < seconds, f"not within {seconds}s: {what}"
+        time.sleep(0.2)
+    return time.monotonic() - start

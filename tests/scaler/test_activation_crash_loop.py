@@ -20,12 +20,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from netports import free_port
-from scaler_support import PROMETHEUS, SERVICE, Prometheus, ref, start_scaler
+from scaler_support import PROMETHEUS, SERVICE, Prometheus, ref, start_scaler, wait_for
 from sluiceway_core.signals import Queries
 from sluiceway_core.urls import UrlAllowList
 from sluiceway_scaler.prom import PrometheusSource
@@ -83,14 +82,6 @@ class Kubelet:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._thread.join(15)
-
-
-def wait_for(pred: Callable[[], bool], seconds: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        assert time.monotonic() - start < seconds, f"not within {seconds}s: {what}"
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def test_a_crash_looping_pod_no_longer_counts_as_starting(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import pytest
 import yaml
 from netports import free_port
 from podtools import start_pod
-from scaler_support import NAMESPACE, PROMETHEUS, SERVICE, Prometheus, ref, start_scaler
+from scaler_support import NAMESPACE, PROMETHEUS, SERVICE, Prometheus, ref, start_scaler, wait_for
 from sluiceway_core.policy import Signals
 from sluiceway_core.signals import Queries
 from sluiceway_core.urls import UrlAllowList
@@ -36,14 +36,6 @@ from gwtools import GatewayProcess, start_gateway
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 BODY = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}).encode()
-
-
-def wait_for(pred: Callable[[], bool], seconds: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        assert time.monotonic() - start < seconds, f"not within {seconds}s: {what}"
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def send(gw: GatewayProcess, n: int, deadline_ms: int) -> list[threading.Thread]:

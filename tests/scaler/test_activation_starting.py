@@ -9,25 +9,16 @@ exported) and idle, the answer is ``false``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from netports import free_port
 from podtools import start_pod
-from scaler_support import PROMETHEUS, SERVICE, Prometheus, ref, start_scaler
+from scaler_support import PROMETHEUS, SERVICE, Prometheus, ref, start_scaler, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 LOAD_SECONDS = 10.0
-
-
-def wait_for(pred: Callable[[], bool], seconds: float, what: str) -> float:
-    start = time.monotonic()
-    while not pred():
-        assert time.monotonic() - start < seconds, f"not within {seconds}s: {what}"
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def test_a_pod_still_loading_keeps_the_service_active_until_it_is_ready(tmp_path: Path) -> None:
