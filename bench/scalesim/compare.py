@@ -53,6 +53,10 @@ EXTRA = (
     "ours-keda-hpa-paced",
     "ours-keda-predictive",
     "ours-keda-podpoll",
+    "ours-keda-burst",
+    "ours-keda-deadband",
+    "ours-keda-window300",
+    "ours-keda-3540e51",
     "keda-queue",
 )
 
@@ -72,12 +76,14 @@ def build_policies(
     held = replace(spec, shortage_hold=None, recur_memory=None)
     per_replica = 0.8  # every KEDA peer's threshold: 80 % of what one replica carries
     predictive = replace(spec, predict_seconds=model.startup.mean)
+    window300 = replace(spec, scale_down=replace(spec.scale_down, stabilization_window=300.0))
+    at_3540e51 = replace(window300, burst_utilisation=0.7)
     makers: dict[str, Callable[[], Controller]] = {
         "ours-keda": lambda: OursKeda(spec, rendered_behavior(spec, windows_add_up=True)),
         # the policy before this simulator (no ready/demand terms cannot be replayed; the
         # defaults and the HPA rendering can): 1 pod per 60 s down, the HPA repeating the window
         "ours-keda-029d718": lambda: OursKeda(
-            old, rendered_behavior(old, windows_add_up=False), name="ours-keda-029d718"
+            old, rendered_behavior(old, windows_add_up=False, up_tolerance=None), name="ours-keda-029d718"
         ),
         # the HPA repeating the spec's scale-down pace: the scaler's release is held back by it
         "ours-keda-hpa-paced": lambda: OursKeda(
@@ -101,6 +107,21 @@ def build_policies(
         # count as capacity arriving at their predicted ready time
         "ours-keda-startup": lambda: OursKeda(
             replace(spec, count_starting=True), rendered_behavior(spec, windows_add_up=True), name="ours-keda-startup"
+        ),
+        # issue 21's last revision, one default at a time back to what it was at commit 3540e51:
+        # burst headroom on (0.7), the HPA's 10 % scale-up dead band, the 300 s scale-down window;
+        # and all three (the policy and rendering of 3540e51)
+        "ours-keda-burst": lambda: OursKeda(
+            replace(spec, burst_utilisation=0.7), rendered_behavior(spec, windows_add_up=True), name="ours-keda-burst"
+        ),
+        "ours-keda-deadband": lambda: OursKeda(
+            spec, rendered_behavior(spec, windows_add_up=True, up_tolerance=None), name="ours-keda-deadband"
+        ),
+        "ours-keda-window300": lambda: OursKeda(
+            window300, rendered_behavior(window300, windows_add_up=True), name="ours-keda-window300"
+        ),
+        "ours-keda-3540e51": lambda: OursKeda(
+            at_3540e51, rendered_behavior(at_3540e51, windows_add_up=True, up_tolerance=None), name="ours-keda-3540e51"
         ),
         "ours-builtin": lambda: OursBuiltin(spec),
         # needs the gateway (issues 19/20) deployed: its exact counts, the builtin engine every 2 s

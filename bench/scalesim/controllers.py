@@ -94,6 +94,9 @@ class HpaBehavior:
     down_percent: float | None = 100.0
     down_period: float = 15.0
     down_select: str = "Max"
+    #: ``scaleUp.tolerance`` (Kubernetes 1.33+, HPAConfigurableTolerance): None is the HPA's
+    #: ``--horizontal-pod-autoscaler-tolerance``, 0.1, both ways
+    up_tolerance: float | None = None
 
 
 @dataclass
@@ -108,7 +111,9 @@ class Hpa:
     _events: deque[tuple[float, int]] = field(default_factory=deque)  # (time, replica change)
 
     def within_tolerance(self, ratio: float) -> bool:
-        return (1 - self.tolerance) <= ratio <= (1 + self.tolerance)
+        b = self.behavior
+        up = self.tolerance if b is None or b.up_tolerance is None else b.up_tolerance
+        return (1 - self.tolerance) <= ratio <= (1 + up)
 
     def _record(self, t: float, rec: int, keep: float) -> None:
         self._recs.append((t, rec))
@@ -169,7 +174,7 @@ class Hpa:
 # --------------------------------------------------------------------------------------- ours
 def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
     """The CRD's autoscaling defaults as the scaler's ScalingSpec (targetQueueDepthPerReplica 8,
-    targetWaitP95 2s, utilisation 80 %, scale up 4 pods or 100 % per 15 s, scale down window 300 s,
+    targetWaitP95 2s, utilisation 80 %, scale up 4 pods or 100 % per 15 s, scale down window 90 s,
     at most max(1 pod, 2 %) per 60 s, released after 20 min of surplus — the percent and the
     release window chosen with this simulator, docs/scalesim.md)."""
     spec = ScalingSpec(
@@ -180,7 +185,7 @@ def default_spec(max_replicas: int, **over: object) -> ScalingSpec:
         target_utilisation=0.8,
         scale_up=ScaleUpPolicy(max_pods=4, max_percent=100.0),
         scale_down=ScaleDownPolicy(
-            stabilization_window=300.0, max_pods=1, period=60.0, max_percent=2.0, release_window=1200.0
+            stabilization_window=90.0, max_pods=1, period=60.0, max_percent=2.0, release_window=1200.0
         ),
     )
     return replace(spec, **over)  # type: ignore[arg-type]
@@ -378,7 +383,18 @@ class OursKeda:
         return self._hpa.apply(t, pool.target, raw)
 
 
-def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: bool = True) -> HpaBehavior:
+#: ``behavior.scaleUp.tolerance`` the operator renders with engine ``keda``
+#: (``sluiceway_operator.render.HPA_SCALE_UP_TOLERANCE``; ``tests/scalesim/test_peers.py`` pins the two)
+SCALE_UP_TOLERANCE = 0.0
+
+
+def rendered_behavior(
+    spec: ScalingSpec,
+    *,
+    windows_add_up: bool,
+    scaler_paces: bool = True,
+    up_tolerance: float | None = SCALE_UP_TOLERANCE,
+) -> HpaBehavior:
     """The HPA behaviour the operator renders for ``engine: keda``. ``windows_add_up=False`` is the
     rendering at commit 029d718 (the HPA repeats the scaler's 300 s scale-down window, so a drop
     waits for both); ``True`` leaves the scale-down window to the scaler alone.
@@ -386,7 +402,10 @@ def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: 
     ``scaler_paces=True`` leaves the scale-down pace to the scaler as well: the HPA's scale-down
     policy is its default, 100 % per 15 s. The scaler's release (``ScaleDownPolicy.release_window``)
     needs it: an HPA pacing at the spec's 2 % per minute holds the released count back.
-    ``False``: the HPA repeats the spec's pace (max(1 pod, 2 %) per 60 s)."""
+    ``False``: the HPA repeats the spec's pace (max(1 pod, 2 %) per 60 s).
+
+    ``up_tolerance``: the rendered ``scaleUp.tolerance`` (0: the HPA follows any rise of the
+    scaler's answer); None, the HPA's 10 % both ways, as rendered before issue 21."""
     down = spec.scale_down
     if windows_add_up and scaler_paces:
         down = replace(down, max_pods=None, max_percent=100.0, period=15.0)
@@ -401,6 +420,7 @@ def rendered_behavior(spec: ScalingSpec, *, windows_add_up: bool, scaler_paces: 
         down_percent=down.max_percent,
         down_period=down.period,
         down_select="Max" if down.max_percent is not None else "Min",
+        up_tolerance=up_tolerance,
     )
 
 

@@ -186,7 +186,11 @@ class ScaleDownPolicy:
     whole release window is released at once, like Ray Serve's downscale delay. No effect unless it
     is longer than ``stabilization_window``, nor before the history spans it."""
 
-    stabilization_window: float = 300.0
+    #: 90 s: the scaler's rate window (1 min) plus a scrape (15 s) and an HPA sync (15 s), the
+    #: shortest window in which the load terms have measured the load (``shortage_hold``); the
+    #: HPA's and the CRD's 300 s held a flash crowd's decline for five minutes (the KPA, with a
+    #: 60 s stable window, dominated ours on flash; docs/scalesim.md, issue 21)
+    stabilization_window: float = 90.0
     max_pods: int | None = None
     period: float = 60.0
     max_percent: float | None = None
@@ -212,8 +216,11 @@ class ScalingSpec:
     #: recommendation ``burst_rise`` above the lowest of the ``burst_span`` seconds before it, within
     #: the last ``burst_memory`` seconds), the load terms size for this utilisation instead of
     #: ``target_utilisation``: a load that steps is given the room a step needs while the next pods
-    #: start (Knative's 70 % target, but only where the load has shown it jumps). None: off.
-    burst_utilisation: float | None = 0.7
+    #: start (Knative's 70 % target, but only where the load has shown it jumps). None: off, the
+    #: default since issue 21's last revision: on, it sits on the KPA's frontier (more on time on
+    #: stairs and on/off at more GPU-hours) and the KPA dominated it on short stairs or short flash
+    #: at some sizes and seeds (docs/scalesim.md, "Against the goal"); 0.7 turns it on.
+    burst_utilisation: float | None = None
     burst_rise: float = 0.25
     #: about the pods' start-up: a rise slower than this is met by scaling, not by headroom
     burst_span: float = 180.0

@@ -117,7 +117,8 @@ def parse_quantity(value: int | str) -> int:
             exp = int(exponent)
             if number != 0 and number.adjusted() + exp > 18:  # >= 1e19: beyond an int64
                 raise UnitError(f"{value!r} is too large a quantity (at most {MAX_QUANTITY})")
-            number = number.scaleb(max(exp, -60))
+            # zero stays zero whatever its exponent ("0E3000000" would overflow Decimal's Emax)
+            number = number.scaleb(max(exp, -60)) if number != 0 else Decimal(0)
         elif suffix in _DECIMAL_FRACTIONS:
             number *= _DECIMAL_FRACTIONS[suffix]
         else:

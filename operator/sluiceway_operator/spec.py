@@ -436,7 +436,7 @@ MAX_RELEASE_WINDOW = 86_400.0
 
 
 class ScaleDownSpec(_Model):
-    stabilization_window: Duration = "300s"
+    stabilization_window: Duration = "90s"
     max_pods_per_period: int = Field(default=1, ge=1)
     max_percent_per_period: int = Field(default=2, ge=1, le=100)
     period: Duration = "60s"

@@ -16,7 +16,7 @@ targetWaitP95                  --        target queue-wait p95: ``500ms``, ``2s`
 targetWaitP95Seconds           --        the same in seconds (what the operator renders)
 minReplicas                    1         lower bound of the decision
 maxReplicas                    100       upper bound of the decision
-scaleDownWindowSeconds         300       window for slow scale-down (0..3600)
+scaleDownWindowSeconds         90        window for slow scale-down (0..3600)
 scaleDownMaxPods               --        at most this many pods removed per period
 scaleDownMaxPercent            --        ... or this percent of the replicas (the larger applies)
 scaleDownPeriodSeconds         60        the period of ``scaleDownMaxPods``/``scaleDownMaxPercent``
@@ -232,7 +232,7 @@ def parse_metadata(metadata: Mapping[str, str], ref_namespace: str = "") -> Trig
         raise InvalidMetadata("maxReplicas", f"must be >= minReplicas ({lo}), got {hi}")
 
     # KEDA accepts stabilisation windows above 3600 s and then fails silently (kedacore/keda#4976).
-    window = _duration(metadata, "scaleDownWindowSeconds", 300.0, 0, 3600)
+    window = _duration(metadata, "scaleDownWindowSeconds", 90.0, 0, 3600)
     down_pods = _int(metadata, "scaleDownMaxPods", None, 1, 10_000)
     down_pct = _float(metadata, "scaleDownMaxPercent", None, 0.1, 100)
     period = _duration(metadata, "scaleDownPeriodSeconds", 60.0, 1, 1800)

@@ -39,6 +39,12 @@ CONTROLLERS = (
     "statefulset-controller",
     "ttl-after-finished-controller",
 )
+#: Kubernetes 1.34 feature gates the sandbox turns on in the API server and the controller manager:
+#: ``HPAConfigurableTolerance`` (alpha in 1.34, beta and on by default from 1.35) keeps the
+#: ``behavior.scaleUp.tolerance`` the operator renders into KEDA's HPA (the API server drops an
+#: alpha field whose gate is off) and makes the HPA controller use it.
+FEATURE_GATES = "HPAConfigurableTolerance=true"
+
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
@@ -121,6 +127,7 @@ def build_apiserver(layout: Layout, bindir: Path) -> list[str]:
         f"--kubelet-client-certificate={kc.cert}",
         f"--kubelet-client-key={kc.key}",
         "--allow-privileged=true",
+        f"--feature-gates={FEATURE_GATES}",
         "--profiling=false",
         "--v=1",
     ]
@@ -151,6 +158,7 @@ def build_controller_manager(layout: Layout, bindir: Path) -> list[str]:
         f"--service-account-private-key-file={layout.sa_key}",
         f"--root-ca-file={layout.ca_cert}",
         f"--controllers={','.join(CONTROLLERS)}",
+        f"--feature-gates={FEATURE_GATES}",
         "--horizontal-pod-autoscaler-sync-period=5s",
         "--horizontal-pod-autoscaler-downscale-stabilization=30s",
         "--concurrent-gc-syncs=5",

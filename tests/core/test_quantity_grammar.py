@@ -66,6 +66,7 @@ _near = st.lists(_chars, min_size=1, max_size=8).map("".join)
 @example(text=".5")
 @example(text="5.")
 @example(text="1e999999")
+@example(text="0E3000000")  # zero with an exponent past Decimal's Emax: decimal.InvalidOperation before
 @example(text="1e1.5")
 @example(text="-1")
 def test_the_crd_pattern_and_parse_quantity_agree(text: str) -> None:

@@ -111,7 +111,7 @@ def test_builtin_engine_policy_carries_the_release_window() -> None:
     assert scaling(releaseWindow="30m").scale_down.release_window == 1800
     assert scaling(releaseWindow="0s").scale_down.release_window is None
     default = scaling().scale_down
-    assert (default.stabilization_window, default.max_pods, default.max_percent, default.period) == (300, 1, 2, 60)
+    assert (default.stabilization_window, default.max_pods, default.max_percent, default.period) == (90, 1, 2, 60)
 
     # 21 minutes in which every recommendation was 2 while 50 replicas run: released to 2 at once.
     history = ScaleHistory(tuple(HistoryEntry(float(t), 2, 50) for t in range(0, 1261, 15)))

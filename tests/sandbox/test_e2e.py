@@ -422,6 +422,10 @@ def test_whole_loop(sandbox: Layout) -> None:
         f"KEDA's HPA keda-hpa-{NAME}",
         lambda: str(kube.get_or_none(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/{NAME}")),
     )
+    # The scale-up tolerance the operator renders reached the HPA: KEDA passed it on and the API
+    # server kept it (the HPAConfigurableTolerance gate the sandbox turns on; docs/autoscaling.md).
+    up_behavior = (hpa() or {}).get("spec", {}).get("behavior", {}).get("scaleUp", {})
+    assert up_behavior.get("tolerance") == "0", up_behavior
 
     # 3. overload (about 3x one replica's capacity) until the replicas KEDA asked for serve, then a
     # settled stretch; keyed tenants: search floods, reports offers 3x its service-wide quota, alerts

@@ -22,7 +22,7 @@ def test_good_metadata_and_defaults() -> None:
     assert cfg.spec.target_queue_per_replica == 4
     assert cfg.spec.target_wait_p95 == 0.5
     assert (cfg.spec.min_replicas, cfg.spec.max_replicas) == (1, 100)
-    assert cfg.spec.scale_down.stabilization_window == 300
+    assert cfg.spec.scale_down.stabilization_window == 90
     assert cfg.spec.scale_down.release_window == 1200  # the policy's default
     assert cfg.rate_window == "1m"
     assert cfg.pod_metrics_urls == ()
@@ -86,8 +86,8 @@ def test_durations(text: str, seconds: float) -> None:
         ({"scaleDownReleaseWindowSeconds": "-1"}, "a", "scaleDownReleaseWindowSeconds"),
         ({"scaleDownReleaseWindowSeconds": "soon"}, "a", "scaleDownReleaseWindowSeconds"),
         ({"scaleDownReleaseWindowSeconds": "90000"}, "a", "scaleDownReleaseWindowSeconds"),
-        # not longer than the stabilisation window (300 s by default): the policy would ignore it
-        ({"scaleDownReleaseWindowSeconds": "300"}, "a", "scaleDownReleaseWindowSeconds"),
+        # not longer than the stabilisation window (90 s by default): the policy would ignore it
+        ({"scaleDownReleaseWindowSeconds": "90"}, "a", "scaleDownReleaseWindowSeconds"),
         (
             {"scaleDownWindowSeconds": "600", "scaleDownReleaseWindowSeconds": "400"},
             "a",

@@ -279,3 +279,20 @@ def test_ours_keda_reads_the_start_up_and_not_the_requests_in_the_pods() -> None
 def _step() -> StepResult:
     """An idle second."""
     return StepResult(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def test_ours_hpa_has_the_rendered_scale_up_tolerance_and_the_peers_hpas_keep_ten_percent() -> None:
+    """The operator renders ``behavior.scaleUp.tolerance: "0"`` into KEDA's HPA (engine keda); the
+    simulator's ours-keda uses the same, the peers' HPAs the controller manager's default
+    (``--horizontal-pod-autoscaler-tolerance``, 0.1) both ways."""
+    from sluiceway_operator.render import HPA_SCALE_UP_TOLERANCE
+
+    from bench.scalesim.controllers import SCALE_UP_TOLERANCE, Hpa
+
+    assert float(HPA_SCALE_UP_TOLERANCE) == SCALE_UP_TOLERANCE
+    ours = Hpa(1, 100, rendered_behavior(default_spec(100), windows_add_up=True))
+    peer = Hpa(1, 100, rendered_behavior(default_spec(100), windows_add_up=True, up_tolerance=None))
+    assert not ours.within_tolerance(1.05) and ours.within_tolerance(1.0)
+    assert peer.within_tolerance(1.05) and not peer.within_tolerance(1.11)
+    # scale-down keeps the 10 % either way
+    assert ours.within_tolerance(0.95) and not ours.within_tolerance(0.89)
