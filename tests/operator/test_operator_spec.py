@@ -96,7 +96,8 @@ BASE = {"model": {"image": "i", "format": "synthetic", "source": "synthetic:1"}}
         ({"queue": {"targetWait": "9s"}}, "targetWait"),
         ({"surprise": 1}, "spec.surprise"),
         # The release window must outlast the stabilisation window, else the policy ignores it.
-        ({"autoscaling": {"scaleDown": {"releaseWindow": "5m"}}}, "releaseWindow must be 0s \\(off\\) or longer"),
+        # (90s: the default stabilizationWindow since issue 21; equal is not longer)
+        ({"autoscaling": {"scaleDown": {"releaseWindow": "90s"}}}, "releaseWindow must be 0s \\(off\\) or longer"),
         (
             {"autoscaling": {"scaleDown": {"stabilizationWindow": "30m", "releaseWindow": "20m"}}},
             "releaseWindow must be 0s \\(off\\) or longer than autoscaling.scaleDown.stabilizationWindow",
