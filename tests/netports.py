@@ -35,22 +35,23 @@ def _candidates() -> range:
     return range(hi + 1, 65536)
 
 
-def _bindable(port: int) -> bool:
+def _bindable(port: int, host: str) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free now, outside the ephemeral range, new to this process."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` (loopback unless told) that is free now, outside the ephemeral range,
+    new to this process."""
     pool = _candidates()
     with _LOCK:
         for _ in range(2000):
             port = random.choice(pool)
-            if port not in _ISSUED and _bindable(port):
+            if port not in _ISSUED and _bindable(port, host):
                 _ISSUED.add(port)
                 return port
-    raise RuntimeError(f"no free loopback port in {pool.start}-{pool.stop - 1}")
+    raise RuntimeError(f"no free port on {host} in {pool.start}-{pool.stop - 1}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from sluiceway_core.config import FallbackModelConfig, ModelConfig
@@ -44,6 +44,7 @@ def pod_accepts(source: str) -> bool:
     return True
 
 
+@settings(deadline=None)  # a scheduling stall is not a failure of the property
 @given(
     st.one_of(
         st.text(max_size=12).map(lambda t: "synthetic:" + t),

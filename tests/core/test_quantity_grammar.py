@@ -57,7 +57,7 @@ _chars = st.sampled_from(list("0123456789.+-eEKMGTPEimnuk i"))
 _near = st.lists(_chars, min_size=1, max_size=8).map("".join)
 
 
-@settings(max_examples=2000)
+@settings(max_examples=2000, deadline=None)
 @given(text=st.one_of(st.from_regex(CRD_RE), _near))
 @example(text="1e9")
 @example(text="+1Gi")

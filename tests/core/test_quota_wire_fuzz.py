@@ -124,7 +124,7 @@ def test_the_coordinator_answers_every_body_without_a_5xx_in_bounded_time(
     t0 = time.monotonic()
     status = _post(server, body)
     assert status in (200, 400, 403, 413, 429), (status, body[:100])
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0  # bounded, well under the client's 10 s timeout
 
 
 def test_the_coordinator_still_grants_after_the_fuzzing(server: tuple[str, int]) -> None:

@@ -130,7 +130,7 @@ def test_bound_refuses_fast_with_retry_after_and_held_deadlines_are_kept(gateway
     refused = [one(gw, 2500) for _ in range(3)]
     for r, took in refused:
         assert (r.status_code, r.json()["reason"], r.headers.get("retry-after")) == (503, "hold_full", "7"), r.text
-        assert took < 0.5, took
+        assert took < 1.5, took  # at once: held, it would wait its 2.5 s deadline
     clients.join(20)
     late = [t1 - t0 for t0, t1, _, _, _ in clients.results]
     print("refused in:", [round(t, 3) for _, t in refused], "held answered after (deadline 2.5 s):",
@@ -157,7 +157,7 @@ def test_a_tenant_cannot_take_more_than_its_share_of_the_hold_queue(gateway_fact
     wait_metric(gw, "sluiceway_gateway_held_requests", 3)
     r, took = one(gw, 3000, key="k-a")  # a's fourth: over its share of 3, while half the queue is free
     assert (r.status_code, r.json()["reason"]) == (429, "hold_tenant_full") and "retry-after" in r.headers, r.text
-    assert took < 0.5, took
+    assert took < 1.5, took  # at once: held, it would wait its 3 s deadline
     clients.send(3, 3000, key="k-b")  # b still finds its share
     wait_metric(gw, "sluiceway_gateway_held_requests", 6)
     r2, _ = one(gw, 3000, key="k-c")  # the whole bound is taken

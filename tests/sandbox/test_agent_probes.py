@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from netports import free_port
 from sluiceway_sandbox.agent.probes import ProbeTracker, Result, run_probe
 from sluiceway_sandbox.agent.runtime import terminate
 
@@ -45,10 +46,10 @@ def test_http_probe_success_failure_and_named_port(server: int) -> None:
 
 def test_tcp_probe(server: int) -> None:
     assert run_probe({"tcpSocket": {"port": server}}, "127.0.0.1", {}, None).ok
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:  # bound, never listening, held through the probe: nobody else takes it
+        s.bind(("127.0.0.1", free_port()))
         closed = s.getsockname()[1]
-    assert not run_probe({"tcpSocket": {"port": closed}}, "127.0.0.1", {}, None).ok
+        assert not run_probe({"tcpSocket": {"port": closed}}, "127.0.0.1", {}, None).ok
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="exec probes enter the container's namespaces with nsenter (root)")

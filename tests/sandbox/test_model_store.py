@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from netports import free_port
 from s3tools import S3Store, s3proxy_jar
 from sandbox_support import SAMPLE, cli, is_ready, missing, pods, summary, wait_for
 from sluiceway_core import metric_names as m
@@ -82,12 +83,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandbox, pytest.mark.timeout(300)]
 
 
 # --- the store ---------------------------------------------------------------------------------------
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class Relay:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from netports import free_port
 from scaler_support import ROOT, Scaler, no_connection_seen, ref, start_scaler
 from sluiceway_scaler import externalscaler_pb2 as pb
 from sluiceway_scaler import externalscaler_pb2_grpc as pb_grpc
@@ -23,7 +24,7 @@ from tlscerts import CA, write
 def listener() -> Iterator[socket.socket]:
     """A listening socket that must never see a connection."""
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    s.bind(("127.0.0.1", free_port()))  # outside the ephemeral range: no client's local port
     s.listen(16)
     s.setblocking(False)
     try:
